@@ -1,0 +1,1 @@
+"""sixbit's Triton kernels (imported as ``sixbit_kernels``; see ``sixbit/_kernels.py``)."""

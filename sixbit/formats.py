@@ -1,0 +1,408 @@
+"""The numerics spec of sixbit, in plain torch: the single source of truth for every kernel.
+
+Everything here runs on CPU and GPU tensors alike and favours clarity over speed. The Triton kernels in
+``kernels/`` are tested against these functions (bit-exact for quantization, fp32-accumulation tolerance
+for GEMMs); the CPU path of the engine calls them directly.
+
+NVFP4 (as NVIDIA ModelOpt and torchao define it)
+------------------------------------------------
+* Element format E2M1: magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}; code = sign bit (bit 3) | magnitude index.
+* Blocks of 16 consecutive elements along the last (reduction, K) dimension.
+* One per-tensor fp32 scale in *decode* form: ``s = amax / (6 * 448)`` (``nvfp4_tensor_scale``).
+* One float8_e4m3fn scale per block: ``bs = e4m3(clamp(amax_blk / 6 / s, tiny_e4m3, 448))``.
+* Codes: ``x * ((1 / s) / float(bs))``, clamped to ±6, rounded to nearest E2M1 value, ties to the even
+  code (the one whose mantissa bit is 0). Dequantized value = ``E2M1[code] * float(bs) * s``.
+* Packing: two codes per byte, element ``2i`` in the low nibble, ``2i+1`` in the high nibble.
+* Size: K/2 bytes of codes + K/16 bytes of block scales per row + 4 bytes = 4.5 bits/element + 4 B.
+
+These operations reproduce torchao's ``nvfp4_quantize`` bit for bit (tests/test_formats.py checks it),
+including the order of floating-point operations in the code scaling.
+
+INT8
+----
+Symmetric, round-half-to-even, saturating at ±127 (-128 is never produced):
+* activations per token (row):          ``scale = amax_row / 127``
+* weights per output channel (row of W): ``scale = amax_row / 127``
+Codes are ``round_half_even(x * (127 / amax))`` clamped to [-127, 127]; an all-zero row has amax 0 and is
+given scale 1.0 (codes 0), so dequantization is exact there.
+
+Block Hadamard
+--------------
+``H_b`` is the orthonormal Sylvester-Hadamard matrix of size b (b a power of two, 16 … 128 in practice),
+symmetric, so ``H_b @ H_b = I``. ``block_hadamard(x, b)`` rotates every consecutive group of b elements
+along the last dimension: ``x.view(..., K/b, b) @ H_b``. ``fold_hadamard(w, b)`` applies the same rotation
+to the rows of a weight ``W [N, K]``; then ``block_hadamard(x) @ fold_hadamard(W).T == x @ W.T`` up to
+rounding (exactly in exact arithmetic). The activation rotation runs online; the weight rotation once,
+offline, before the weight is quantized.
+
+Outlier ratio (the statistic of the Purified Delta Refresh)
+-----------------------------------------------------------
+For an activation tensor viewed as tokens × channels ``[M, K]``, element ``x[m, k]`` is an *outlier* if
+``|x[m, k]| > k_sigma * rms(x[m, :])`` with ``rms`` the root-mean-square over the token's K channels.
+``outlier_ratio = #outliers / (M * K)``. It is measured on the block input before any rotation, and it is
+returned as a tensor (count and total are additive, so it can be all-reduced across ranks under context
+parallelism before a decision is taken). The default ``k_sigma = 8``: a Gaussian token has essentially no
+element beyond 8 RMS, while the persistent outlier channels of DiT activations routinely exceed it.
+
+Non-finite values
+-----------------
+The quantizers raise :class:`NonFiniteError` (a ``ValueError``) on NaN/Inf input when ``check_finite`` is
+true (the default here). With ``check_finite=False`` — the behaviour the GPU kernels implement, since a
+check would cost a host sync per call — the documented result is: the scale of every block/row that holds
+a non-finite value is NaN, so that whole block/row dequantizes to NaN. For NVFP4 with the per-tensor scale
+taken from the tensor itself, one non-finite value makes that scale non-finite and the *whole tensor*
+dequantizes to NaN. Never a silent finite value.
+
+Routes
+------
+``route`` names how a linear layer computes: ``"nvfp4"`` (W4A4), ``"int8"`` (W4A8: NVFP4 weights, INT8
+activations), ``"w8a8"`` (INT8 weights and activations; the Hopper int8 tensor-core path), ``"w4a16"`` (activations unquantized,
+times the dequantized NVFP4 weights: the full-precision-activation route of a layer that no longer holds
+its original weights), ``"fp16"`` (the plain layer: activations times the original weights).
+``reference_linear`` defines each one's numerics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "E2M1_VALUES",
+    "FP4_BLOCK",
+    "E4M3_MAX",
+    "E4M3_TINY",
+    "F4_MAX",
+    "INT8_MAX",
+    "OUTLIER_K",
+    "ROUTES",
+    "ACT_BITS",
+    "NonFiniteError",
+    "NVFP4Tensor",
+    "Int8Tensor",
+    "e2m1_encode",
+    "e2m1_decode",
+    "pack_fp4",
+    "unpack_fp4",
+    "nvfp4_tensor_scale",
+    "quantize_nvfp4",
+    "dequantize_nvfp4",
+    "quantize_int8",
+    "dequantize_int8",
+    "hadamard_matrix",
+    "block_hadamard",
+    "fold_hadamard",
+    "check_hadamard_block",
+    "outlier_count",
+    "outlier_ratio",
+    "relative_error",
+    "quantize_weight",
+    "reference_linear",
+]
+
+FP4_BLOCK = 16
+F4_MAX = 6.0
+E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
+E4M3_TINY = float(torch.finfo(torch.float8_e4m3fn).tiny)  # 2**-6
+INT8_MAX = 127
+OUTLIER_K = 8.0
+ROUTES = ("nvfp4", "int8", "w8a8", "w4a16", "fp16")
+#: activation bits per element that each route spends (NVFP4: 4 bits + one 8-bit scale per 16 elements)
+ACT_BITS = {"nvfp4": 4.5, "int8": 8.0, "w8a8": 8.0, "w4a16": 16.0, "fp16": 16.0}
+
+#: E2M1 magnitudes indexed by the 3-bit magnitude code.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+# Rounding thresholds between consecutive magnitudes, and whether a tie rounds up: a tie goes to the
+# even code, i.e. up exactly when the lower code is odd.
+_E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+class NonFiniteError(ValueError):
+    """Raised when a tensor to be quantized holds NaN or Inf (and ``check_finite`` is on)."""
+
+
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    if not bool(torch.isfinite(x).all()):
+        n = int((~torch.isfinite(x)).sum())
+        raise NonFiniteError(f"{what}: input holds {n} non-finite value(s) (NaN/Inf); refusing to quantize")
+
+
+# ---------------------------------------------------------------------------------------------- E2M1
+
+
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values already scaled into [-6, 6] (larger magnitudes saturate) → uint8 codes 0..15.
+
+    Round to nearest, ties to even; the sign bit is taken from the float's sign (so -0.0 and small
+    negatives that round to zero give code 8, "negative zero", as torchao does). NaN encodes as 0x7/0xF
+    is *not* promised: callers must not pass NaN (see the module docstring).
+    """
+    x = x.float()
+    a = x.abs()
+    mag = torch.zeros_like(a, dtype=torch.uint8)
+    for thr, tie_up in _E2M1_THRESHOLDS:
+        mag += (a >= thr if tie_up else a > thr).to(torch.uint8)
+    sign = torch.signbit(x).to(torch.uint8) << 3
+    return mag | sign
+
+
+def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 codes 0..15 → values (exact in any float dtype)."""
+    lut = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32, device=codes.device)
+    return lut[codes.long()].to(dtype)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] uint8 codes (K even) → [..., K/2] bytes; element 2i low nibble, 2i+1 high nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_fp4: last dimension must be even, got {codes.shape[-1]}")
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes → [..., K] uint8 codes (inverse of :func:`pack_fp4`)."""
+    lo = packed & 0x0F
+    hi = packed >> 4
+    return torch.stack((lo, hi), dim=-1).flatten(-2)
+
+
+# --------------------------------------------------------------------------------------------- NVFP4
+
+
+@dataclass
+class NVFP4Tensor:
+    """A packed NVFP4 tensor of logical shape ``[..., K]``.
+
+    ``data``: uint8 ``[..., K/2]`` packed codes; ``scales``: float8_e4m3fn ``[..., K/16]`` block scales;
+    ``tensor_scale``: fp32 scalar (decode form). ``orig_dtype``: dtype that :meth:`dequantize` returns.
+    """
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    tensor_scale: torch.Tensor
+    orig_dtype: torch.dtype = torch.float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.data.shape[:-1], self.data.shape[-1] * 2))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes actually held: packed codes + block scales + the fp32 tensor scale."""
+        return sum(t.numel() * t.element_size() for t in (self.data, self.scales, self.tensor_scale))
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8.0 * self.nbytes / math.prod(self.shape)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return dequantize_nvfp4(self, dtype or self.orig_dtype)
+
+    def to(self, device) -> NVFP4Tensor:
+        return NVFP4Tensor(self.data.to(device), self.scales.to(device), self.tensor_scale.to(device), self.orig_dtype)
+
+
+def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """Per-tensor decode scale ``amax / (448 * 6)`` as a 0-d fp32 tensor (no host sync)."""
+    return x.detach().abs().amax().float() / (E4M3_MAX * F4_MAX)
+
+
+def quantize_nvfp4(
+    x: torch.Tensor, tensor_scale: torch.Tensor | None = None, *, check_finite: bool = True
+) -> NVFP4Tensor:
+    """Quantize ``x [..., K]`` (K divisible by 16) to NVFP4. ``tensor_scale`` defaults to
+    :func:`nvfp4_tensor_scale` of ``x``. An all-zero tensor gets tensor scale 0 → see below."""
+    if x.shape[-1] % FP4_BLOCK:
+        raise ValueError(f"quantize_nvfp4: last dimension {x.shape[-1]} is not a multiple of {FP4_BLOCK}")
+    if check_finite:
+        _check_finite(x, "quantize_nvfp4")
+    orig_dtype = x.dtype
+    if tensor_scale is None:
+        tensor_scale = nvfp4_tensor_scale(x)
+    s = tensor_scale.float().reshape(())
+    # An all-zero tensor has s == 0; any positive scale encodes it exactly (all codes 0). Keep s finite.
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    xb = x.float().reshape(*x.shape[:-1], -1, FP4_BLOCK)
+    amax_blk = xb.abs().amax(dim=-1)
+    block_scale = (amax_blk / F4_MAX) / s
+    bs8 = block_scale.clamp(min=E4M3_TINY, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    # non-finite blocks: clamp() maps NaN to NaN (kept), +inf to 448; make inf blocks NaN explicitly
+    bs32 = bs8.float()
+    recip = (1.0 / s) / bs32
+    scaled = (xb * recip.unsqueeze(-1)).clamp(-F4_MAX, F4_MAX)
+    codes = e2m1_encode(scaled).reshape(x.shape)
+    if not check_finite:
+        bad = ~torch.isfinite(amax_blk)
+        if bool(bad.any()):
+            bs8 = torch.where(bad, torch.full_like(bs32, float("nan")), bs32).to(torch.float8_e4m3fn)
+    return NVFP4Tensor(pack_fp4(codes), bs8, s.clone(), orig_dtype)
+
+
+def dequantize_nvfp4(t: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    vals = e2m1_decode(unpack_fp4(t.data)).reshape(*t.scales.shape, FP4_BLOCK)
+    out = vals * (t.scales.float() * t.tensor_scale.float()).unsqueeze(-1)
+    return out.reshape(t.shape).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- INT8
+
+
+@dataclass
+class Int8Tensor:
+    """Symmetric INT8 rows: ``data`` int8 ``[..., K]``, ``scale`` fp32 ``[..., 1]`` (one per row)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    orig_dtype: torch.dtype = torch.float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size() + self.scale.numel() * self.scale.element_size()
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return dequantize_int8(self, dtype or self.orig_dtype)
+
+    def to(self, device) -> Int8Tensor:
+        return Int8Tensor(self.data.to(device), self.scale.to(device), self.orig_dtype)
+
+
+def quantize_int8(x: torch.Tensor, *, check_finite: bool = True) -> Int8Tensor:
+    """Per-row (per token for activations, per output channel for weights ``W [N, K]``) symmetric INT8."""
+    if check_finite:
+        _check_finite(x, "quantize_int8")
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    zero = amax == 0
+    amax_safe = torch.where(zero, torch.full_like(amax, float(INT8_MAX)), amax)
+    inv = INT8_MAX / amax_safe
+    q = torch.round(xf * inv).clamp(-INT8_MAX, INT8_MAX)
+    q = torch.nan_to_num(q, nan=0.0).to(torch.int8)  # non-finite rows: codes are meaningless, scale is not
+    scale = amax_safe / INT8_MAX
+    if not check_finite:
+        scale = torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
+    return Int8Tensor(q, scale, x.dtype)
+
+
+def dequantize_int8(t: Int8Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (t.data.float() * t.scale.float()).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------ Hadamard
+
+
+def check_hadamard_block(k: int, block: int) -> None:
+    """Raise ``ValueError`` unless ``block`` is a power of two ≥ 2 that divides ``k``."""
+    if block < 2 or block & (block - 1):
+        raise ValueError(f"Hadamard block size must be a power of two >= 2, got {block}")
+    if k % block:
+        raise ValueError(f"Hadamard block size {block} does not divide the reduction dimension {k}")
+
+
+_H_CACHE: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
+
+
+def hadamard_matrix(n: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Orthonormal Sylvester-Hadamard matrix of size ``n`` (power of two); symmetric, ``H @ H = I``."""
+    check_hadamard_block(n, n)
+    key = (n, dtype, str(device))
+    if key not in _H_CACHE:
+        h = torch.ones(1, 1, dtype=torch.float64)
+        while h.shape[0] < n:
+            h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+        _H_CACHE[key] = (h / math.sqrt(n)).to(dtype=dtype, device=device)
+    return _H_CACHE[key]
+
+
+def block_hadamard(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Rotate each consecutive group of ``block`` elements of the last dim by ``H_block`` (fp32 math,
+    result in fp32)."""
+    k = x.shape[-1]
+    check_hadamard_block(k, block)
+    h = hadamard_matrix(block, torch.float32, x.device)
+    return (x.float().reshape(*x.shape[:-1], k // block, block) @ h).reshape(x.shape)
+
+
+def fold_hadamard(w: torch.Tensor, block: int) -> torch.Tensor:
+    """Weight ``W [N, K]`` → ``W·H`` (per K-block), so that ``block_hadamard(x) @ fold_hadamard(W).T = x @ W.T``.
+    Returned in fp32 (rotate before quantizing)."""
+    return block_hadamard(w, block)
+
+
+# --------------------------------------------------------------------------------- outlier statistic
+
+
+def outlier_count(x: torch.Tensor, k_sigma: float = OUTLIER_K) -> tuple[torch.Tensor, int]:
+    """(number of outliers as an int64 0-d tensor, number of elements). See the module docstring."""
+    xf = x.detach().float().reshape(-1, x.shape[-1])
+    rms = xf.pow(2).mean(dim=-1, keepdim=True).sqrt()
+    return (xf.abs() > k_sigma * rms).sum(), xf.numel()
+
+
+def outlier_ratio(x: torch.Tensor, k_sigma: float = OUTLIER_K) -> torch.Tensor:
+    """Fraction of elements with ``|x| > k_sigma · rms(token)`` as an fp32 0-d tensor (no host sync)."""
+    count, n = outlier_count(x, k_sigma)
+    return count.float() / max(n, 1)
+
+
+def relative_error(y_q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``‖y_q − y‖_F / ‖y‖_F`` in fp32 (0-d tensor); 0 when both are zero, inf when only ``y`` is."""
+    num = (y_q.float() - y.float()).norm()
+    den = y.float().norm()
+    return torch.where(den > 0, num / den.clamp_min(torch.finfo(torch.float32).tiny), torch.where(num > 0, torch.inf, 0.0))
+
+
+# ------------------------------------------------------------------------------- reference linear
+
+
+def quantize_weight(w: torch.Tensor, fmt: str, hadamard_block: int | None = None):
+    """Offline weight preparation: fold the Hadamard rotation (if any), then quantize.
+    ``fmt``: ``"nvfp4"`` → :class:`NVFP4Tensor`, ``"int8"`` → per-output-channel :class:`Int8Tensor`."""
+    wr = fold_hadamard(w, hadamard_block) if hadamard_block else w.float()
+    if fmt == "nvfp4":
+        return quantize_nvfp4(wr)
+    if fmt == "int8":
+        return quantize_int8(wr)
+    raise ValueError(f"unknown weight format {fmt!r} (expected 'nvfp4' or 'int8')")
+
+
+def reference_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    route: str,
+    hadamard_block: int | None = None,
+    *,
+    check_finite: bool = False,
+) -> torch.Tensor:
+    """What a quantized linear computes on ``route`` (fake-quant, fp32 accumulation, output in x.dtype).
+
+    ``weight`` is the original high-precision ``W [N, K]``. ``"fp16"`` is the plain ``F.linear`` in the
+    activation dtype. The quantized routes rotate activations and weights by the block Hadamard (when
+    ``hadamard_block`` is given), quantize both (weights NVFP4 for ``nvfp4``/``int8``, INT8 per channel
+    for ``w8a8``; activations NVFP4 with a per-tensor scale for ``nvfp4``, per-token INT8 for ``int8`` and
+    ``w8a8``, left unquantized for ``w4a16``), and multiply the dequantized values in fp32.
+    """
+    if route == "fp16":
+        return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+    xr = block_hadamard(x, hadamard_block) if hadamard_block else x.float()
+    wq = quantize_weight(weight, "int8" if route == "w8a8" else "nvfp4", hadamard_block)
+    if route == "w4a16":
+        xq = xr
+    elif route == "nvfp4":
+        xq = quantize_nvfp4(xr, check_finite=check_finite).dequantize(torch.float32)
+    else:
+        xq = quantize_int8(xr, check_finite=check_finite).dequantize(torch.float32)
+    y = xq @ wq.dequantize(torch.float32).T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
