@@ -16,7 +16,8 @@ NVFP4 (as NVIDIA ModelOpt and torchao define it)
 * Size: K/2 bytes of codes + K/16 bytes of block scales per row + 4 bytes = 4.5 bits/element + 4 B.
 
 These operations reproduce torchao's ``nvfp4_quantize`` bit for bit (tests/test_formats.py checks it),
-including the order of floating-point operations in the code scaling.
+including the order of floating-point operations in the code scaling, with one deliberate exception: an
+all-zero tensor (tensor scale 0) gets tensor scale 1 and all-zero codes, where torchao divides by zero.
 
 INT8
 ----
