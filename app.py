@@ -1,9 +1,308 @@
-"""sixbit Gradio demo (placeholder until the app lands: issue 5)."""
+"""sixbit demo: prompt → video, 6Bit vs full precision side by side, every decision shown live.
+
+Run it with ``make demo`` (offline, embedded sixbit-mini) or ``python app.py``. Environment:
+
+    SIXBIT_MODEL             model to serve: a diffusers CogVideoX Hub id or local folder
+                             (default: the embedded sixbit-mini). Set by the operator only.
+    SIXBIT_ALLOW_HUB_MODELS  "1" / "0" / "auto" (default): show a model field that accepts Hub ids
+                             typed by users; "auto" = only where huggingface.co is reachable and
+                             HF_HUB_OFFLINE is unset. Typed local paths are always refused.
+    SIXBIT_QUEUE_SIZE        waiting requests beyond the one running (default 8)
+    SIXBIT_CACHE_TTL_S       age after which generated files are deleted (default 3600)
+    GRADIO_SERVER_NAME/PORT  as usual (Docker/Spaces: 0.0.0.0:7860)
+
+This file is the only part of the app that runs a pipeline (`gpu_job`); ui/ renders and validates.
+One job runs at a time: Gradio's queue admits one `generate` event (concurrency id "gpu") and a
+lock around the pipeline keeps a stopped job's last step from overlapping the next job. On ZeroGPU
+Spaces `gpu_job` is wrapped by ``spaces.GPU`` with a duration estimated from the request; elsewhere
+the wrapper is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
 
 import gradio as gr
+import numpy as np
 
-with gr.Blocks() as demo:
-    gr.Markdown("# sixbit\nPlaceholder: the 6Bit-Diffusion demo is being built.")
+from ui.handlers import DemoController, ModelInfo
+from ui.layout import CSS_PATH, build_demo, theme
+from ui.state import BaselineCache, FileStore, JobRegistry
+from ui.validate import ModelLimits
+
+try:  # ZeroGPU (Hugging Face Spaces); `spaces.GPU` is itself a no-op off ZeroGPU.
+    import spaces
+except ImportError:  # pragma: no cover - depends on the host
+    spaces = None
+
+ROOT = Path(__file__).resolve().parent
+GPU_LOCK = threading.Lock()
+JOBS = JobRegistry()
+
+
+def gpu(duration):
+    """``spaces.GPU(duration=...)`` where the ``spaces`` package exists, else the identity."""
+    if spaces is None:
+        return lambda fn: fn
+    return spaces.GPU(duration=duration)
+
+
+# ------------------------------------------------------------------------------------------ models
+def default_model_id() -> str:
+    env = os.environ.get("SIXBIT_MODEL", "").strip()
+    if env:
+        return env
+    from sixbit.mini import MINI_PATH
+
+    return str(MINI_PATH)
+
+
+def _is_mini(model_id: str) -> bool:
+    try:
+        from sixbit.mini import MINI_PATH
+    except ImportError:  # pragma: no cover
+        return False
+    return Path(model_id).resolve() == Path(MINI_PATH).resolve() if os.path.exists(model_id) else False
+
+
+def host_has_network(timeout: float = 1.5) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def allow_hub_models() -> bool:
+    v = os.environ.get("SIXBIT_ALLOW_HUB_MODELS", "auto").strip().lower()
+    if v in ("1", "true", "yes"):
+        return True
+    if v in ("0", "false", "no"):
+        return False
+    return host_has_network()
+
+
+class ModelStore:
+    """Loaded pipelines: the served model, plus at most one Hub model a user picked."""
+
+    def __init__(self, default_id: str, device: str | None = None):
+        self.default_id = default_id
+        self.device = device
+        self._pipes: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def pipeline(self, model_id: str):
+        with self._lock:
+            if model_id not in self._pipes:
+                from sixbit import load_pipeline
+
+                for k in [k for k in self._pipes if k != self.default_id]:
+                    del self._pipes[k]  # keep one extra model at most
+                pipe = load_pipeline(model_id, device=self.device)
+                if not type(pipe).__name__.startswith("CogVideoX"):
+                    raise TypeError(f"{type(pipe).__name__} is not a CogVideoX pipeline")
+                pipe.set_progress_bar_config(disable=True)
+                self._pipes[model_id] = pipe
+            return self._pipes[model_id]
+
+    def generation_defaults(self, model_id: str) -> dict:
+        """Pipeline kwargs the model wants by default (the embedded model ships its own)."""
+        if _is_mini(model_id):
+            from sixbit.mini import DEFAULT_GENERATION
+
+            return dict(DEFAULT_GENERATION)
+        return {}
+
+    def info(self, model_id: str) -> ModelInfo:
+        pipe = self.pipeline(model_id)
+        gen = self.generation_defaults(model_id)
+        limits = ModelLimits.from_pipeline(pipe, gen.get("max_sequence_length"))
+        import torch
+
+        dtype = pipe.transformer.dtype
+        bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
+        name = "sixbit-mini (embedded)" if _is_mini(model_id) else model_id
+        return ModelInfo(model_id=model_id, display_name=name, limits=limits, dtype_bits=bits,
+                         device=str(pipe.device))
+
+
+@lru_cache(maxsize=1)
+def store() -> ModelStore:
+    device = "cuda" if spaces is not None and os.environ.get("SPACES_ZERO_GPU") else None
+    return ModelStore(default_model_id(), device=device)
+
+
+# --------------------------------------------------------------------------------------- the job
+class _Stopped(Exception):
+    pass
+
+
+def _run_pipeline(pipe, gen_defaults: dict, params: dict, phase: str, handle, emit, stop) -> dict:
+    """One pipeline call with a per-step callback: streams the trace, honours the stop flag."""
+    import torch
+
+    n = params["steps"]
+    times: list[float] = []
+
+    def on_step_end(p, i, t, kwargs):
+        times.append(time.perf_counter())
+        tr = handle.trace.to_dict() if handle is not None else None
+        emit(("step", {"phase": phase, "step": i + 1, "steps": n, "trace": tr}))
+        if stop.is_set():
+            p._interrupt = True
+            raise _Stopped(i + 1)  # leave now: no VAE decode of a half-denoised video
+        return {}
+
+    kwargs = dict(gen_defaults)
+    kwargs.pop("generator", None)
+    kwargs.update(
+        prompt=params["prompt"], negative_prompt=params["negative_prompt"] or None,
+        num_inference_steps=n, num_frames=params["frames"], height=params["height"], width=params["width"],
+        guidance_scale=params["guidance"], generator=torch.Generator("cpu").manual_seed(params["seed"]),
+        output_type="np", callback_on_step_end=on_step_end, num_videos_per_prompt=1,
+    )
+    cuda = pipe.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        frames = pipe(**kwargs).frames[0]
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    from sixbit.video import to_uint8
+
+    step_time = (times[-1] - times[0]) / (len(times) - 1) if len(times) >= 2 else None
+    dtype = pipe.transformer.dtype
+    return {"phase": phase, "frames": to_uint8(np.asarray(frames)), "time_s": wall, "step_time_s": step_time,
+            "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "act_bits": float(torch.finfo(dtype).bits), "device": str(pipe.device),
+            "trace": handle.trace.to_dict() if handle is not None else None}
+
+
+def gpu_duration(job_id=None, model_id=None, params=None, preset=None, overrides=None, need_baseline=True):
+    """ZeroGPU time to reserve (s): scaled from CogVideoX-5B's ~1.8 s/step at 49×480×720 on an H200,
+    ×1.5 margin, for one or two runs, plus 30 s for text encoding, VAE decode and start-up."""
+    p = params or {}
+    tokens = ((p.get("frames", 49) - 1) // 4 + 1) * (p.get("height", 480) // 16) * (p.get("width", 720) // 16)
+    per_step = max(0.05, 1.8 * tokens / 17550)
+    runs = 2 if need_baseline else 1
+    return int(min(300, max(30, 30 + 1.5 * runs * p.get("steps", 50) * per_step)))
+
+
+@gpu(duration=gpu_duration)
+def gpu_job(job_id: str, model_id: str, params: dict, preset: str, overrides: dict, need_baseline: bool):
+    """Baseline (unless cached) then 6Bit, as a generator of events (protocol: ui/handlers.py)."""
+    import sixbit
+
+    stop = JOBS.get(job_id) or threading.Event()
+    models = store()
+    pipe = models.pipeline(model_id)
+    gen_defaults = models.generation_defaults(model_id)
+    events: queue.Queue = queue.Queue()
+
+    def work():
+        phase = "baseline" if need_baseline else "sixbit"
+        step = 0
+        try:
+            with GPU_LOCK:
+                if need_baseline:
+                    events.put(("phase", {"phase": "baseline", "steps": params["steps"]}))
+                    events.put(("done", _run_pipeline(pipe, gen_defaults, params, "baseline", None,
+                                                      events.put, stop)))
+                if stop.is_set():
+                    raise _Stopped(0)
+                phase = "sixbit"
+                cfg = sixbit.SixBitConfig.preset(preset, **overrides)
+                t0 = time.perf_counter()
+                handle = sixbit.apply(pipe, cfg)
+                setup = time.perf_counter() - t0
+                try:
+                    events.put(("phase", {"phase": "sixbit", "steps": params["steps"]}))
+                    res = _run_pipeline(pipe, gen_defaults, params, "sixbit", handle, events.put, stop)
+                finally:
+                    handle.remove()
+                res["setup_s"] = setup
+                events.put(("done", res))
+        except _Stopped as e:
+            step = e.args[0] if e.args else 0
+            events.put(("stopped", {"phase": phase, "step": step}))
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            events.put(("error", e))
+        finally:
+            events.put(("end", None))
+
+    worker = threading.Thread(target=work, name=f"sixbit-job-{job_id}", daemon=True)
+    worker.start()
+    finished = False
+    try:
+        while True:
+            try:
+                kind, ev = events.get(timeout=0.5)
+            except queue.Empty:
+                yield ("tick", {})
+                continue
+            if kind == "end":
+                finished = True
+                return
+            if kind == "error":
+                raise ev
+            yield (kind, ev)
+    finally:
+        if not finished:  # closed early (Stop, disconnect): interrupt at the next step, don't block
+            stop.set()
+
+
+# ------------------------------------------------------------------------------------------- app
+def example_prompts(model_id: str) -> list[str]:
+    if _is_mini(model_id):
+        from sixbit.mini import EXAMPLE_PROMPTS
+
+        return [p if isinstance(p, str) else p[0] for p in EXAMPLE_PROMPTS]
+    path = ROOT / "assets" / "cogvideox_prompts.txt"
+    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def create_app(model_id: str | None = None, *, allow_hub: bool | None = None, queue_size: int | None = None,
+               cache_ttl_s: float | None = None) -> tuple[gr.Blocks, DemoController]:
+    """Build the Blocks app (model loaded now, so the form knows the model's sizes) and its controller."""
+    from sixbit import SixBitConfig
+
+    models = store()
+    if model_id:
+        models.default_id = model_id
+    model_id = models.default_id
+    allow_hub = allow_hub_models() if allow_hub is None else allow_hub
+    ttl = float(cache_ttl_s if cache_ttl_s is not None else os.environ.get("SIXBIT_CACHE_TTL_S", 3600))
+    controller = DemoController(default_model=model_id, model_info=models.info, job_fn=gpu_job,
+                                config_cls=SixBitConfig, allow_hub=allow_hub, jobs=JOBS,
+                                baselines=BaselineCache(8), files=FileStore(max_age_s=ttl))
+    info = models.info(model_id)
+    defaults = models.generation_defaults(model_id)
+    demo = build_demo(controller, info, defaults, example_prompts(model_id), delete_cache=(int(ttl), int(ttl)))
+    size = int(queue_size if queue_size is not None else os.environ.get("SIXBIT_QUEUE_SIZE", 8))
+    demo.queue(max_size=size, default_concurrency_limit=1)
+    return demo, controller
+
+
+def launch_kwargs() -> dict:
+    """What `launch` needs besides host/port: theme and css go here in Gradio 6, not in Blocks."""
+    return dict(theme=theme(), css_paths=[CSS_PATH], show_error=True, footer_links=["api"])
+
+
+def main():
+    demo, _ = create_app()
+    demo.launch(**launch_kwargs())
+
 
 if __name__ == "__main__":
-    demo.launch()
+    main()

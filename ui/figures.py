@@ -1,0 +1,210 @@
+"""Plotly figures of a sixbit trace (``Trace.to_dict()``, schema version 1). Pure functions, no model.
+
+Three live views, redrawn after every denoising step while the video is generated:
+
+- `precision_figure` — every quantized linear layer (rows, in model order) × denoising step (columns),
+  coloured by the activation route the DMPQ policy picked: NVFP4 / INT8 / FP16 / skipped (the block
+  was served from the Temporal Delta Cache, so its linears did not run).
+- `skip_figure` — every transformer block × step: computed, skipped (cached delta reused) or
+  PDR-refreshed (computed in full precision so the cached delta is clean).
+- `curves_figure` — Γ = ‖out−in‖₁/‖in‖₁ per block, and each block's accumulated skip error, per step;
+  the thick line is the mean over blocks, thin lines are the individual blocks.
+
+The x axis always spans the whole run (``total_steps``) so the heatmaps fill from left to right as
+the steps arrive instead of being rescaled at every update.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+ROUTES = ("nvfp4", "int8", "fp16", "skipped")
+ROUTE_LABELS = {"nvfp4": "NVFP4 (4-bit)", "int8": "INT8", "fp16": "FP16/BF16", "skipped": "skipped (cached)"}
+ROUTE_COLORS = {"nvfp4": "#2a9d8f", "int8": "#e9c46a", "fp16": "#e76f51", "skipped": "#d5d8dc"}
+
+BLOCK_STATES = ("computed", "skipped", "pdr")
+BLOCK_LABELS = {"computed": "computed", "skipped": "skipped (TDC)", "pdr": "PDR refresh (FP16)"}
+BLOCK_COLORS = {"computed": "#457b9d", "skipped": "#d5d8dc", "pdr": "#e63946"}
+
+_FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(
+        title=dict(text=title, x=0.01, font=dict(size=14)),
+        height=height,
+        margin=dict(l=10, r=10, t=40, b=40),
+        font=_FONT,
+        plot_bgcolor="white",
+        paper_bgcolor="white",
+    )
+    return fig
+
+
+def placeholder(title: str, message: str = "waiting for the first denoising step", height: int = 260) -> go.Figure:
+    """An empty figure with a centred note (shown before a run, and for a cached baseline)."""
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=13, color="#6c757d"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, height)
+
+
+def short_linear_name(name: str) -> str:
+    """``transformer_blocks.3.attn1.to_q`` → ``3·attn1.to_q`` (keeps names unique and short)."""
+    m = re.search(r"(?:^|\.)(\d+)\.(.+)$", name)
+    return f"{m.group(1)}·{m.group(2)}" if m else name
+
+
+def _discrete_colorscale(colors: list[str]) -> list[list]:
+    """A step colorscale mapping integer codes 0..n-1 (z range [-0.5, n-0.5]) to flat colours."""
+    n = len(colors)
+    scale = []
+    for i, c in enumerate(colors):
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    return scale
+
+
+def _steps_axis(trace: dict, total_steps: int | None) -> list[int]:
+    n = len(trace.get("steps", []))
+    return list(range(max(n, int(total_steps or 0))))
+
+
+def _legend_entries(fig: go.Figure, labels: dict[str, str], colors: dict[str, str], keys, counts=None):
+    """Square markers as a categorical legend (a colorbar reads badly for 3–4 discrete states)."""
+    for k in keys:
+        label = labels[k] + (f" · {counts.get(k, 0)}" if counts is not None else "")
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label, showlegend=True,
+                                 marker=dict(symbol="square", size=12, color=colors[k]), hoverinfo="skip"))
+
+
+def precision_figure(trace: dict, total_steps: int | None = None, height: int | None = None) -> go.Figure:
+    """Layers × steps heatmap of the activation route (NVFP4 / INT8 / FP16 / skipped)."""
+    linears = list(trace.get("linears", []))
+    steps = trace.get("steps", [])
+    x = _steps_axis(trace, total_steps)
+    if not linears:
+        return placeholder("Activation precision per layer × step")
+    code = {r: i for i, r in enumerate(ROUTES)}
+    z: list[list[Any]] = [[None] * len(x) for _ in linears]
+    err: list[list[Any]] = [[None] * len(x) for _ in linears]
+    counts = dict.fromkeys(ROUTES, 0)
+    for j, st in enumerate(steps):
+        routes = st.get("routes", [])
+        preds = st.get("pred_err") or [None] * len(routes)
+        for i, r in enumerate(routes[: len(linears)]):
+            if r in code:
+                z[i][j] = code[r]
+                counts[r] += 1
+            err[i][j] = preds[i] if i < len(preds) else None
+    names = [short_linear_name(n) for n in linears]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x, y=names, customdata=err, zmin=-0.5, zmax=len(ROUTES) - 0.5,
+        colorscale=_discrete_colorscale([ROUTE_COLORS[r] for r in ROUTES]), showscale=False,
+        xgap=1, ygap=0 if len(linears) > 60 else 1,
+        hovertemplate="step %{x}<br>%{y}<br>predicted error %{customdata:.4f}<extra></extra>",
+    ))
+    _legend_entries(fig, ROUTE_LABELS, ROUTE_COLORS, ROUTES, counts)
+    fig.update_yaxes(autorange="reversed", showticklabels=len(linears) <= 80, title="linear layer")
+    fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5])
+    fig.update_layout(legend=dict(orientation="h", y=-0.12, x=0))
+    h = height or int(min(900, max(300, 140 + 7 * len(linears))))
+    return _layout(fig, "Activation precision per layer × step", h)
+
+
+def skip_figure(trace: dict, total_steps: int | None = None, height: int | None = None) -> go.Figure:
+    """Blocks × steps heatmap: computed / skipped (Temporal Delta Cache) / PDR-refreshed."""
+    blocks = list(trace.get("blocks", []))
+    steps = trace.get("steps", [])
+    x = _steps_axis(trace, total_steps)
+    if not blocks:
+        return placeholder("Block decisions per step")
+    z: list[list[Any]] = [[None] * len(x) for _ in blocks]
+    hover: list[list[Any]] = [[["", "", "", ""]] * len(x) for _ in blocks]
+    counts = dict.fromkeys(BLOCK_STATES, 0)
+
+    def fmt(v):
+        return "–" if v is None else f"{v:.4g}"
+
+    for j, st in enumerate(steps):
+        for i, b in enumerate(st.get("blocks", [])[: len(blocks)]):
+            state = "pdr" if b.get("pdr") else ("skipped" if b.get("skipped") else "computed")
+            z[i][j] = BLOCK_STATES.index(state)
+            counts[state] += 1
+            hover[i][j] = [fmt(b.get("gamma")), fmt(b.get("delta_sim")), fmt(b.get("acc_err")),
+                           fmt(b.get("outlier_ratio"))]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x, y=[f"block {i}" for i in range(len(blocks))], customdata=hover,
+        zmin=-0.5, zmax=len(BLOCK_STATES) - 0.5,
+        colorscale=_discrete_colorscale([BLOCK_COLORS[s] for s in BLOCK_STATES]), showscale=False,
+        xgap=1, ygap=1,
+        hovertemplate=("step %{x} · %{y}<br>Γ %{customdata[0]} · Δ similarity %{customdata[1]}"
+                       "<br>accumulated error %{customdata[2]} · outlier ratio %{customdata[3]}<extra></extra>"),
+    ))
+    _legend_entries(fig, BLOCK_LABELS, BLOCK_COLORS, BLOCK_STATES, counts)
+    fig.update_yaxes(autorange="reversed", title="block")
+    fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5])
+    fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
+    h = height or int(min(700, max(260, 130 + 14 * len(blocks))))
+    return _layout(fig, "Block decisions per step (Temporal Delta Cache / PDR)", h)
+
+
+def _series(steps: list[dict], n_blocks: int, key: str) -> list[list[float | None]]:
+    out = []
+    for i in range(n_blocks):
+        col = []
+        for st in steps:
+            bl = st.get("blocks", [])
+            col.append(bl[i].get(key) if i < len(bl) else None)
+        out.append(col)
+    return out
+
+
+def _mean(col: list[float | None]) -> float | None:
+    vals = [v for v in col if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def curves_figure(trace: dict, total_steps: int | None = None, height: int = 420) -> go.Figure:
+    """Γ per block and accumulated skip error per block, against the denoising step."""
+    blocks = list(trace.get("blocks", []))
+    steps = trace.get("steps", [])
+    if not blocks:
+        return placeholder("Γ and accumulated cache error", height=height)
+    x = [st.get("step", j) for j, st in enumerate(steps)]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=("Γ = ‖out−in‖₁ / ‖in‖₁", "accumulated skip error"))
+    for row, key in ((1, "gamma"), (2, "acc_err")):
+        series = _series(steps, len(blocks), key)
+        for i, col in enumerate(series):
+            fig.add_trace(go.Scatter(x=x, y=col, mode="lines", line=dict(width=1, color="rgba(69,123,157,0.35)"),
+                                     name=f"block {i}", showlegend=False, connectgaps=False,
+                                     hovertemplate=f"block {i} · step %{{x}}: %{{y:.4g}}<extra></extra>"),
+                          row=row, col=1)
+        mean = [_mean([series[i][j] for i in range(len(blocks))]) for j in range(len(steps))]
+        fig.add_trace(go.Scatter(x=x, y=mean, mode="lines+markers", line=dict(width=3, color="#1d3557"),
+                                 marker=dict(size=4), name="mean over blocks", showlegend=(row == 1),
+                                 hovertemplate="mean · step %{x}: %{y:.4g}<extra></extra>"),
+                      row=row, col=1)
+    budget = _error_budget(trace.get("config", {}))
+    if budget is not None:
+        fig.add_hline(y=budget, line=dict(dash="dash", color="#e63946", width=1.5), row=2, col=1,
+                      annotation_text="error budget", annotation_position="top left")
+    n = max(len(steps), int(total_steps or 0))
+    fig.update_xaxes(range=[-0.5, max(n, 1) - 0.5])
+    fig.update_xaxes(title="denoising step", row=2, col=1)
+    fig.update_layout(legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
+    return _layout(fig, "", height)
+
+
+def _error_budget(config: dict) -> float | None:
+    """The TDC error budget from the trace's config, whatever the engine named the field."""
+    for k, v in config.items():
+        if "budget" in k.lower() and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+    return None

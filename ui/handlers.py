@@ -1,0 +1,352 @@
+"""Event handlers of the demo: validate a request, stream a job's events into the UI, stop a job.
+
+The controller never touches a model: it talks to a *job function* (in app.py, the only place that
+runs a pipeline) through a small event protocol, so it is testable with any job that speaks it and
+the job can run in another process (ZeroGPU) because every event is plain picklable data:
+
+    ("phase",   {"phase": "baseline" | "sixbit", "steps": N})
+    ("step",    {"phase", "step" (1-based), "steps", "trace": dict | None})
+    ("done",    {"phase", "frames": uint8 [T,H,W,3], "time_s", "step_time_s", "peak_mem_bytes",
+                 "act_bits", "trace": dict | None, "setup_s": float | None, "device": str})
+    ("stopped", {"phase", "step"})
+    ("tick",    {})        # nothing new; lets the ETA advance and lets Gradio close the generator
+
+`generate` yields one tuple per update, in the order of `OUTPUTS`; ``gr.skip()`` leaves a component
+as it is, so the plots are only redrawn when a step arrived.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import gradio as gr
+import numpy as np
+
+from sixbit import metrics as fidelity
+from sixbit.video import write_mp4
+from ui import config_form, figures
+from ui.state import BaselineCache, FileStore, JobRegistry, RunResult, baseline_key
+from ui.validate import ModelLimits, resolve_model_id, validate_request
+
+OUTPUTS = ("status", "precision", "skips", "curves", "baseline_video", "sixbit_video", "metrics",
+           "path_info", "trace_file")
+
+METRIC_HEADERS = ["metric", "FP16/BF16 baseline", "6Bit"]
+
+COMPUTE_PATHS = {
+    "cpu-reference": "CPU reference — quantization is simulated in plain torch (fake-quant numerics); "
+                     "no low-bit arithmetic speed-up exists on this path, so any speed-up comes from "
+                     "skipped blocks (Temporal Delta Cache).",
+    "cuda-reference": "CUDA reference — the plain-torch numerics on the GPU, not the fused kernels.",
+    "hopper-triton": "Hopper Triton kernels — INT8 on tensor cores; NVFP4 weights are decoded in-kernel "
+                     "to BF16 MMA (Hopper has no FP4 units: a memory win, not an FP4-compute win).",
+    "blackwell-native (unverified)": "Blackwell native FP4 tensor cores — unverified: this path has "
+                                     "not been run by the project.",
+}
+
+
+@dataclass
+class ModelInfo:
+    """What the controller needs to know about a loaded model (provided by the app)."""
+
+    model_id: str
+    display_name: str
+    limits: ModelLimits
+    dtype_bits: int
+    device: str
+
+
+def _fmt(x, unit: str = "", digits: int = 3) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float) and math.isinf(x):
+        return "∞ (identical)"
+    return f"{x:.{digits}g}{unit}"
+
+
+def _mib(b) -> str:
+    return "n/a (CPU)" if b is None else f"{b / 2**20:,.0f} MiB"
+
+
+def status_html(state: str, text: str, fraction: float | None = None) -> str:
+    """The status line with a progress bar (the bar is omitted when ``fraction`` is None)."""
+    bar = ""
+    if fraction is not None:
+        pct = max(0.0, min(1.0, fraction)) * 100
+        bar = (f'<div class="sb-bar" role="progressbar" aria-valuenow="{pct:.0f}" aria-valuemin="0" '
+               f'aria-valuemax="100"><div class="sb-bar-fill" style="width:{pct:.1f}%"></div></div>')
+    return (f'<div class="sb-status" data-state="{state}"><div class="sb-status-text">{html.escape(text)}'
+            f"</div>{bar}</div>")
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "ETA …"
+    seconds = max(0, int(round(seconds)))
+    return f"ETA {seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"ETA {seconds} s"
+
+
+class Progress:
+    """Step counting and ETA over the phases of one request (baseline if not cached, then 6Bit)."""
+
+    def __init__(self, steps: int, need_baseline: bool):
+        self.steps = steps
+        self.phases = (["baseline"] if need_baseline else []) + ["sixbit"]
+        self.phase = self.phases[0]
+        self.done_steps = {p: 0 for p in self.phases}
+        self.phase_start = time.perf_counter()
+        self.first_step_at: dict[str, float] = {}
+        self.rate: dict[str, float] = {}  # seconds per step, per phase
+        self.decode_s: float | None = None  # measured after the baseline: last step → frames
+        self.last_step_at: float | None = None
+
+    def start(self, phase: str):
+        self.phase = phase
+        self.phase_start = time.perf_counter()
+
+    def step(self, phase: str, step: int):
+        now = time.perf_counter()
+        self.done_steps[phase] = step
+        self.first_step_at.setdefault(phase, now)
+        elapsed = now - self.phase_start
+        self.rate[phase] = elapsed / step if step else elapsed
+        self.last_step_at = now
+
+    def finished(self, phase: str):
+        if self.last_step_at is not None and self.decode_s is None:
+            self.decode_s = time.perf_counter() - self.last_step_at
+        self.done_steps[phase] = self.steps
+
+    def fraction(self) -> float:
+        total = self.steps * len(self.phases)
+        return sum(self.done_steps.values()) / total if total else 0.0
+
+    def eta(self) -> float | None:
+        rate = self.rate.get(self.phase) or next(iter(self.rate.values()), None)
+        if rate is None:
+            return None
+        remaining = sum(self.steps - self.done_steps[p] for p in self.phases)
+        decodes = sum(1 for p in self.phases if self.done_steps[p] < self.steps)
+        return remaining * rate + decodes * (self.decode_s or 0.0)
+
+    def text(self, cached_baseline: bool) -> str:
+        names = {"baseline": "FP16 baseline", "sixbit": "6Bit"}
+        parts = ["baseline: cached ✓"] if cached_baseline else []
+        p = self.phase
+        step = self.done_steps[p]
+        rate = self.rate.get(p)
+        now = f"{names[p]} · step {step}/{self.steps}"
+        if rate:
+            now += f" · {rate:.2f} s/step"
+        if step >= self.steps:
+            now += " · decoding video"
+        parts.append(now)
+        parts.append(_eta(self.eta()))
+        return " · ".join(parts)
+
+
+class DemoController:
+    """Holds the server-side state and implements the event handlers."""
+
+    def __init__(self, *, default_model: str, model_info: Callable[[str], ModelInfo],
+                 job_fn: Callable[..., Iterator[tuple[str, dict]]], config_cls, allow_hub: bool = False,
+                 baselines: BaselineCache | None = None, jobs: JobRegistry | None = None,
+                 files: FileStore | None = None, fps: float = 8.0):
+        self.default_model = default_model
+        self.model_info = model_info
+        self.job_fn = job_fn
+        self.config_cls = config_cls
+        self.specs = config_form.field_specs(config_cls)
+        self.allow_hub = allow_hub
+        self.baselines = baselines or BaselineCache()
+        self.jobs = jobs or JobRegistry()
+        self.files = files or FileStore()
+        self.fps = fps
+        self._last: dict[str, str] = {}  # session -> last status text (for the Stop message)
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- helpers
+    @staticmethod
+    def out(**kw) -> tuple:
+        """A tuple in `OUTPUTS` order; components not named are left unchanged (``gr.skip()``)."""
+        unknown = set(kw) - set(OUTPUTS)
+        if unknown:
+            raise KeyError(f"unknown outputs {unknown}")
+        return tuple(kw[name] if name in kw else gr.skip() for name in OUTPUTS)
+
+    def preset_values(self, preset: str) -> list:
+        """Handler of the preset radio: the preset's values for every Advanced field."""
+        preset = (preset or "").strip().lower()
+        if preset not in config_form.PRESETS:
+            raise gr.Error(f"Unknown 6Bit preset {preset!r}.", title="Invalid input")
+        vals = config_form.preset_values(self.config_cls, preset, self.specs)
+        return vals[0] if len(vals) == 1 else vals
+
+    def _upscale(self, width: int, height: int) -> int:
+        return max(1, min(8, math.ceil(256 / min(width, height))))
+
+    def _write_video(self, frames: np.ndarray, stem: str, params: dict) -> str:
+        path = self.files.new_path(stem, ".mp4")
+        write_mp4(frames, path, fps=self.fps, upscale=self._upscale(params["width"], params["height"]))
+        return str(path)
+
+    def metrics_rows(self, base: RunResult, six: RunResult) -> list[list[str]]:
+        trace = six.trace or {}
+        summary = trace.get("summary", {})
+        m = fidelity.compare(six.frames, base.frames)
+        speed = base.time_s / six.time_s if six.time_s else None
+        step_speed = (base.step_time_s / six.step_time_s
+                      if base.step_time_s and six.step_time_s else None)
+        skip = summary.get("skip_fraction")
+        counts = summary.get("route_counts") or {}
+        rows = [
+            ["wall time (whole pipeline call)", _fmt(base.time_s, " s"), _fmt(six.time_s, " s")],
+            ["speed-up (wall time)", "1×", _fmt(speed, "×")],
+            ["time per denoising step (steps 2..N)", _fmt(base.step_time_s, " s"), _fmt(six.step_time_s, " s")],
+            ["speed-up (per step)", "1×", _fmt(step_speed, "×")],
+            ["peak accelerator memory", _mib(base.peak_mem_bytes), _mib(six.peak_mem_bytes)],
+            ["average activation bits", _fmt(base.act_bits), _fmt(summary.get("avg_act_bits", six.act_bits))],
+            ["blocks skipped (TDC)", "0%", _fmt(None if skip is None else 100 * skip, "%")],
+            ["PDR refreshes", "0", str(summary.get("pdr_count", "n/a"))],
+            ["linear calls NVFP4 / INT8 / FP16 / skipped", "—",
+             " / ".join(str(counts.get(k, 0)) for k in ("nvfp4", "int8", "fp16", "skipped"))],
+            ["PSNR vs baseline", "—", _fmt(m["psnr_db"], " dB")],
+            ["SSIM vs baseline", "—", _fmt(m["ssim"], digits=4)],
+            ["temporal flicker (mean |ΔY| per frame)", _fmt(m["flicker_ref"], digits=4), _fmt(m["flicker"], digits=4)],
+            ["optical-flow magnitude (px/frame)", _fmt(m["flow_score_ref"]), _fmt(m["flow_score"])],
+            ["optical-flow error vs baseline (px/frame)", "—", _fmt(m["flow_error"])],
+        ]
+        setup = six.extra.get("setup_s")
+        if setup is not None:
+            rows.append(["6Bit setup (sixbit.apply, not in wall time)", "—", _fmt(setup, " s")])
+        return rows
+
+    def path_markdown(self, info: ModelInfo, six: RunResult) -> str:
+        trace = six.trace or {}
+        path = trace.get("compute_path", "unknown")
+        device = trace.get("device") or six.extra.get("device") or info.device
+        explain = COMPUTE_PATHS.get(path, "")
+        return (f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}")
+
+    # ---------------------------------------------------------------- handlers
+    def stop(self, request: gr.Request) -> str:
+        session = getattr(request, "session_hash", None) or "local"
+        if self.jobs.stop(session):
+            last = self._last.get(session, "")
+            text = "Stopped" + (f" during {last}" if last else "") + ". Nothing from this run was kept."
+            return status_html("stopped", text)
+        return status_html("idle", "Nothing is running.")
+
+    def generate(self, request: gr.Request, model_text, prompt, negative_prompt, seed, steps, frames, resolution,
+                 guidance, preset, *advanced):
+        """The Generate button: a generator of `OUTPUTS` tuples (see the module docstring)."""
+        session = getattr(request, "session_hash", None) or "local"
+        model_id = resolve_model_id(model_text, self.default_model, self.allow_hub)
+        try:
+            info = self.model_info(model_id)
+        except gr.Error:
+            raise
+        except Exception as e:  # load failures: not a CogVideoX pipeline, not found, no network...
+            raise gr.Error(f"Unknown model {model_id!r}: it could not be loaded as a CogVideoX pipeline "
+                           f"({type(e).__name__}: {e}).", title="Unknown model") from None
+        params = validate_request(info.limits, prompt, negative_prompt, seed, steps, frames, resolution, guidance)
+        preset = (preset or "").strip().lower()
+        over = config_form.overrides(self.config_cls, preset, self.specs, list(advanced))
+        config_form.build_config(self.config_cls, preset, over)  # validate now, before any work
+
+        key = baseline_key(model_id, params)
+        cached = self.baselines.get(key)
+        prog = Progress(params["steps"], need_baseline=cached is None)
+        stop = self.jobs.start(session)
+        self.files.prune(keep=self.baselines.paths())
+        n = params["steps"]
+        base: RunResult | None = cached
+        wait_msg = "the 6Bit run starts after the baseline" if cached is None else "waiting for the first step"
+        yield self.out(
+            status=status_html("running", "starting…" + (" (baseline cached ✓)" if cached else ""), 0.0),
+            precision=figures.placeholder("Activation precision per layer × step", wait_msg),
+            skips=figures.placeholder("Block decisions per step (Temporal Delta Cache / PDR)", wait_msg),
+            curves=figures.placeholder("Γ and accumulated cache error", wait_msg),
+            baseline_video=cached.video_path if cached else None, sixbit_video=None,
+            metrics=None, path_info="", trace_file=None,
+        )
+        last_draw = 0.0
+        trace = None
+        try:
+            job = self.job_fn(job_id=session, model_id=model_id, params=params, preset=preset, overrides=over,
+                              need_baseline=cached is None)
+            for kind, ev in job:
+                if kind == "phase":
+                    prog.start(ev["phase"])
+                    self._last[session] = prog.text(cached is not None)
+                    yield self.out(status=status_html("running", self._last[session], prog.fraction()))
+                elif kind == "step":
+                    prog.step(ev["phase"], ev["step"])
+                    self._last[session] = prog.text(cached is not None)
+                    upd = dict(status=status_html("running", self._last[session], prog.fraction()))
+                    now = time.perf_counter()
+                    if ev.get("trace") is not None:
+                        trace = ev["trace"]
+                        if now - last_draw >= 0.25 or ev["step"] >= n:  # cap redraws at ~4 per second
+                            upd.update(precision=figures.precision_figure(trace, n),
+                                       skips=figures.skip_figure(trace, n),
+                                       curves=figures.curves_figure(trace, n))
+                            last_draw = now
+                    yield self.out(**upd)
+                elif kind == "tick":
+                    if session in self._last:
+                        self._last[session] = prog.text(cached is not None)
+                        yield self.out(status=status_html("running", self._last[session], prog.fraction()))
+                    else:
+                        yield self.out()
+                elif kind == "stopped":
+                    yield self.out(status=status_html(
+                        "stopped", f"Stopped at step {ev.get('step', 0)}/{n} of the "
+                        f"{'baseline' if ev.get('phase') == 'baseline' else '6Bit'} run. Nothing was kept.", None))
+                    return
+                elif kind == "done" and ev["phase"] == "baseline":
+                    prog.finished("baseline")
+                    base = self._result(ev, params, "baseline")
+                    self.baselines.put(key, base)
+                    yield self.out(status=status_html("running", prog.text(False), prog.fraction()),
+                                   baseline_video=base.video_path,
+                                   precision=figures.placeholder("Activation precision per layer × step"),
+                                   skips=figures.placeholder("Block decisions per step (Temporal Delta Cache / PDR)"),
+                                   curves=figures.placeholder("Γ and accumulated cache error"))
+                elif kind == "done" and ev["phase"] == "sixbit":
+                    prog.finished("sixbit")
+                    six = self._result(ev, params, "sixbit")
+                    trace = six.trace or trace or {}
+                    if base is None:
+                        raise RuntimeError("the job finished without a baseline")
+                    rows = self.metrics_rows(base, six)
+                    trace_path = self.files.new_path("trace", ".json")
+                    trace_path.write_text(json.dumps(trace, indent=1))
+                    total = (base.time_s if cached is None else 0.0) + six.time_s
+                    yield self.out(
+                        status=status_html("done", f"Done · 6Bit {six.time_s:.1f} s vs baseline {base.time_s:.1f} s"
+                                           + (" (cached)" if cached else "") + f" · total compute {total:.1f} s", 1.0),
+                        precision=figures.precision_figure(trace, n), skips=figures.skip_figure(trace, n),
+                        curves=figures.curves_figure(trace, n), baseline_video=base.video_path,
+                        sixbit_video=six.video_path, metrics=rows,
+                        path_info=self.path_markdown(info, six), trace_file=str(trace_path))
+        finally:
+            # Reached on success, on error, and when Gradio closes the generator (Stop / tab closed):
+            # the job sees the flag at its next step and unwinds (hooks removed, nothing cached).
+            stop.set()
+            self.jobs.finish(session, stop)
+            self._last.pop(session, None)
+
+    def _result(self, ev: dict, params: dict, stem: str) -> RunResult:
+        frames = np.asarray(ev["frames"])
+        res = RunResult(frames=frames, time_s=float(ev["time_s"]), step_time_s=ev.get("step_time_s"),
+                        peak_mem_bytes=ev.get("peak_mem_bytes"), act_bits=float(ev.get("act_bits", 16)),
+                        trace=ev.get("trace"), extra={"setup_s": ev.get("setup_s"), "device": ev.get("device")})
+        res.video_path = self._write_video(frames, stem, params)
+        return res
