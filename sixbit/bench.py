@@ -1,0 +1,474 @@
+"""Benchmarks that regenerate sixbit's claims: ``python -m sixbit.bench quality | speed``.
+
+quality
+    On sixbit-mini (a real trained model, offline): for every configuration of the paper's ablation
+    (FP16, static W8A8, static W4A4, DMPQ only, TDC only, DMPQ+TDC without PDR, full), many prompts ×
+    seeds: PSNR/SSIM against the FP16 video of the same prompt and seed, temporal flicker, flow score and
+    its error vs FP16, prompt adherence (sixbit-mini's judge), average activation bits, fraction of block
+    evaluations skipped, wall time. Mean and spread per configuration. It also records the full method's
+    skip schedule, which ``speed`` replays at real sizes.
+
+speed
+    On a GPU at real CogVideoX sizes with random weights (49 frames 480×720, CFG batched, 50 steps): the
+    bf16 diffusers baseline and each configuration, all in one run, timed over the denoising loop
+    (``output_type="latent"``) with per-step times, plus peak memory and the transformer's resident weight
+    bytes. Random weights make TDC's own decisions meaningless, so the configurations with TDC replay the
+    skip schedule recorded on sixbit-mini (resampled to the model's depth and step count); the tables say
+    so. Whole-pipeline memory (text encoder + transformer + VAE decode) is measured for the baseline and
+    for sixbit with its engineering options (4-bit text-encoder weights, VAE tiling).
+
+Both write ``<out>/<name>.json`` and ``<out>/<name>.md`` naming the device, versions and exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+#: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
+QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full")
+SPEED_CONFIGS = ("bf16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full")
+LABELS = {
+    "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
+    "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
+    "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)",
+}
+
+
+def environment(device: torch.device | str) -> dict[str, Any]:
+    """Device, versions and the exact command: every result file carries this."""
+    import diffusers
+
+    device = torch.device(device)
+    env = {
+        "command": "python -m sixbit.bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "device": str(device),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+        env["threads"] = torch.get_num_threads()
+    return env
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
+
+
+def _fmt(s: dict[str, float], digits: int = 2) -> str:
+    if not s or s.get("n", 0) == 0:
+        return "—"
+    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+
+
+def write_results(name: str, payload: dict, markdown: str, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    jp, mp = out / f"{name}.json", out / f"{name}.md"
+    jp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    mp.write_text(markdown)
+    return jp, mp
+
+
+def _env_md(env: dict) -> str:
+    keys = [k for k in ("gpu", "capability", "cpu", "threads", "device", "torch", "triton", "diffusers", "python",
+                        "date") if env.get(k) is not None]
+    return "\n".join([f"- {k}: `{env[k]}`" for k in keys] + [f"- command: `{env['command']}`"])
+
+
+# =============================================================================================== quality
+
+
+def quality(args) -> dict:
+    import sixbit
+    from sixbit.metrics import compare, flow_error, flow_score, temporal_flicker
+    from sixbit.mini import DEFAULT_GENERATION, judge, prompts_for_eval
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    pipe = sixbit.load_pipeline(args.model, device=device)
+    pipe.set_progress_bar_config(disable=True)
+    gen = {**DEFAULT_GENERATION}
+    if args.steps:
+        gen["num_inference_steps"] = args.steps
+    prompts = prompts_for_eval(args.prompts, seed=0)
+    seeds = list(range(args.seeds))
+    configs = [c for c in (args.configs or QUALITY_CONFIGS)]
+    if configs[0] != "fp16":
+        configs = ["fp16", *[c for c in configs if c != "fp16"]]
+
+    def generate(prompt, seed, callback=None):
+        g = torch.Generator("cpu").manual_seed(seed)
+        t0 = time.perf_counter()
+        out = pipe(prompt=prompt, generator=g, output_type="np", callback_on_step_end=callback, **gen).frames[0]
+        return (np.clip(out, 0, 1) * 255).round().astype(np.uint8), time.perf_counter() - t0
+
+    rows: dict[str, list[dict]] = {c: [] for c in configs}
+    refs: dict[tuple[int, int], np.ndarray] = {}
+    schedule = None
+    total = len(configs) * len(prompts) * len(seeds)
+    done = 0
+    for cfg_name in configs:
+        handle = None if cfg_name == "fp16" else sixbit.apply(pipe, cfg_name)
+        try:
+            for pi, prompt in enumerate(prompts):
+                for seed in seeds:
+                    video, wall = generate(prompt, seed)
+                    rec: dict[str, Any] = {"prompt": prompt, "seed": seed, "time_s": wall}
+                    score = judge.score(video, prompt)
+                    rec["adherence"] = float(score["score"]) * 100.0
+                    rec["flicker"] = temporal_flicker(video)
+                    rec["flow_score"] = flow_score(video)
+                    if cfg_name == "fp16":
+                        refs[(pi, seed)] = video
+                        rec.update(psnr=float("inf"), ssim=1.0, flow_error=0.0, avg_act_bits=16.0, skip_fraction=0.0)
+                    else:
+                        ref = refs[(pi, seed)]
+                        m = compare(video, ref)
+                        rec.update(psnr=m["psnr"], ssim=m["ssim"], flow_error=flow_error(video, ref))
+                        summ = handle.trace.summary()
+                        rec.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
+                                   pdr_count=summ["pdr_count"])
+                        if cfg_name == "full" and schedule is None:
+                            schedule = handle.trace.skip_schedule()
+                    rows[cfg_name].append(rec)
+                    done += 1
+                    print(f"[quality {done}/{total}] {cfg_name:9s} seed={seed} psnr={rec['psnr']:.2f} "
+                          f"adh={rec['adherence']:.0f} bits={rec['avg_act_bits']:.2f} skip={rec['skip_fraction']:.2f} "
+                          f"t={wall:.1f}s", flush=True)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    metrics = ("psnr", "ssim", "flow_error", "flow_score", "flicker", "adherence", "avg_act_bits", "skip_fraction",
+               "time_s")
+    summary = {c: {m: _stats([r.get(m) for r in rows[c]]) for m in metrics} for c in configs}
+    env = environment(device)
+    payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "prompts": prompts,
+               "seeds": seeds, "environment": env, "summary": summary, "runs": rows}
+    if schedule is not None:
+        payload["full_skip_fraction"] = schedule.skip_fraction
+        sched_path = Path(args.out) / "schedule_mini.json"
+        sched_path.parent.mkdir(parents=True, exist_ok=True)
+        schedule.source.update(model="sixbit-mini", generation={k: v for k, v in gen.items()}, preset="full")
+        schedule.save(sched_path)
+    md = [f"# Quality on sixbit-mini — {len(prompts)} prompts × {len(seeds)} seeds", "",
+          "Mean ± standard deviation over prompts × seeds. PSNR/SSIM/flow error are against the FP16/FP32 video of "
+          "the same prompt and seed (PSNR of identical videos is ∞ and is left out of the mean). Adherence is "
+          "sixbit-mini's classical-CV judge (colour, shape, motion), in %.", "",
+          "| configuration | PSNR dB ↑ | SSIM ↑ | flow err ↓ | flow score | flicker | adherence % | act bits | "
+          "skipped | time s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in configs:
+        s = summary[c]
+        md.append(f"| {LABELS[c]} | {_fmt(s['psnr'])} | {_fmt(s['ssim'], 3)} | {_fmt(s['flow_error'], 3)} | "
+                  f"{_fmt(s['flow_score'], 3)} | {_fmt(s['flicker'], 4)} | {_fmt(s['adherence'], 1)} | "
+                  f"{_fmt(s['avg_act_bits'])} | {_fmt(s['skip_fraction'])} | {_fmt(s['time_s'])} |")
+    md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items()), "", _env_md(env), ""]
+    write_results(args.name or "quality_mini", payload, "\n".join(md), Path(args.out))
+    print("\n".join(md))
+    return payload
+
+
+# ================================================================================================= speed
+
+#: real CogVideoX transformer configurations (random weights)
+SIZES = {
+    "2b": dict(num_attention_heads=30, num_layers=30, use_rotary_positional_embeddings=False),
+    "5b": dict(num_attention_heads=48, num_layers=42, use_rotary_positional_embeddings=True),
+}
+
+
+def random_cogvideox(size: str, device, dtype=torch.bfloat16, *, text_encoder: bool = True):
+    """A CogVideoXPipeline at real size with random weights, built on ``device`` from configs (no download).
+    ``size``: "2b", "5b", or "tiny" (for a CPU smoke test of this script)."""
+    from diffusers import (
+        AutoencoderKLCogVideoX,
+        CogVideoXDDIMScheduler,
+        CogVideoXPipeline,
+        CogVideoXTransformer3DModel,
+    )
+    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    tiny = size == "tiny"
+    with torch.device(device):
+        if tiny:
+            tr = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, num_layers=3,
+                                             text_embed_dim=32, time_embed_dim=16, sample_height=8, sample_width=8,
+                                             sample_frames=9, max_text_seq_length=16, in_channels=4, out_channels=4,
+                                             use_rotary_positional_embeddings=True)
+            vae = AutoencoderKLCogVideoX(block_out_channels=(8, 8, 8, 8), latent_channels=4, norm_num_groups=2,
+                                         temporal_compression_ratio=4, sample_height=64, sample_width=64)
+            tcfg = T5Config(vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+        else:
+            tr = CogVideoXTransformer3DModel(**SIZES[size])
+            vae = AutoencoderKLCogVideoX()
+            # T5-XXL encoder (CogVideoX's text encoder), feed-forward gated-gelu
+            tcfg = T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                            feed_forward_proj="gated-gelu", is_gated_act=True, dense_act_fn="gelu_new")
+        te = T5EncoderModel(tcfg).eval() if text_encoder else None
+    tr, vae = tr.to(dtype).eval(), vae.to(dtype).eval()
+    te = te.to(dtype) if te is not None else None
+    sched = CogVideoXDDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                                   clip_sample=False, prediction_type="v_prediction", rescale_betas_zero_snr=True,
+                                   set_alpha_to_one=True, timestep_spacing="trailing", snr_shift_scale=3.0)
+    pipe = CogVideoXPipeline(tokenizer=ByT5Tokenizer(), text_encoder=te, vae=vae, transformer=tr, scheduler=sched)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _param_bytes(module: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.data_ptr() in seen or t.device.type == "meta":
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _resident_bytes(module: torch.nn.Module, device: torch.device, handle=None) -> int:
+    """Bytes the transformer keeps on ``device``: parameters and buffers there (sixbit offloads the
+    originals of quantized layers to the CPU), plus sixbit's packed weights (not registered tensors)."""
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.device == device and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    if handle is not None:
+        total += int(handle.memory()["packed_bytes"])
+    return total
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _run_denoise(pipe, call: dict, steps: int, device) -> tuple[float, list[float]]:
+    """Time one denoising loop (latent output); per-step times from a synchronizing step callback."""
+    marks: list[float] = []
+
+    def cb(p, i, t, kw):
+        _sync(device)
+        marks.append(time.perf_counter())
+        return {}
+
+    _sync(device)
+    t0 = time.perf_counter()
+    pipe(**call, num_inference_steps=steps, output_type="latent", callback_on_step_end=cb)
+    _sync(device)
+    total = time.perf_counter() - t0
+    edges = [t0, *marks]
+    return total, [b - a for a, b in zip(edges, edges[1:])]
+
+
+def speed(args) -> dict:
+    import sixbit
+    from sixbit.tdc import SkipSchedule
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results: dict[str, Any] = {"benchmark": "speed", "environment": environment(device), "models": {}}
+    out = Path(args.out)
+    sched = SkipSchedule.load(args.schedule) if args.schedule else None
+    for size in args.sizes:
+        t_build = time.perf_counter()
+        pipe = random_cogvideox(size, device, dtype, text_encoder=True)
+        build_s = time.perf_counter() - t_build
+        if size == "tiny":
+            call = dict(prompt="a red circle", height=64, width=64, num_frames=9, guidance_scale=6.0,
+                        max_sequence_length=16)
+        else:
+            call = dict(prompt="a red circle moving left on a blue background", height=args.height, width=args.width,
+                        num_frames=args.frames, guidance_scale=6.0, max_sequence_length=226)
+        call["generator"] = torch.Generator("cpu").manual_seed(0)
+        tr = pipe.transformer
+        bf16_weight_bytes = _param_bytes(tr)
+        rec: dict[str, Any] = {"build_s": build_s, "call": {k: v for k, v in call.items() if k != "generator"},
+                               "steps": args.steps, "transformer_params": sum(p.numel() for p in tr.parameters()),
+                               "transformer_weight_bytes_bf16": bf16_weight_bytes, "configs": {}}
+        results["models"][size] = rec
+        configs = args.configs or SPEED_CONFIGS
+        for name in configs:
+            handle = None
+            entry: dict[str, Any] = {"label": LABELS[name]}
+            try:
+                if name != "bf16":
+                    cfg = sixbit.SixBitConfig.preset(name)
+                    use_sched = sched is not None and cfg.tdc
+                    handle = sixbit.apply(pipe, cfg, schedule=sched.resample(len(handle_blocks(tr)), args.steps)
+                                          if use_sched else None)
+                    entry["schedule_replayed"] = bool(use_sched)
+                    entry["compute_path"] = handle.trace.to_dict().get("compute_path")
+                # warm-up (Triton compilation, cuDNN plans): a short loop
+                _run_denoise(pipe, call, 2, device)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                total, steps = _run_denoise(pipe, call, args.steps, device)
+                entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)))
+                if device.type == "cuda":
+                    entry["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+                entry["transformer_resident_bytes"] = _resident_bytes(tr, device, handle)
+                if handle is not None:
+                    summ = handle.trace.summary()
+                    entry.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
+                                 pdr_count=summ["pdr_count"], route_counts=summ["route_counts"],
+                                 memory=handle.memory(), warnings=handle.warnings[:5])
+            except Exception as e:  # keep going: one failing configuration must not lose the others
+                import traceback
+
+                entry["error"] = f"{type(e).__name__}: {e}"
+                entry["traceback"] = traceback.format_exc()[-3000:]
+                print(entry["traceback"], flush=True)
+            finally:
+                if handle is not None:
+                    handle.remove()
+            rec["configs"][name] = entry
+            print(f"[speed {size}] {name}: " + json.dumps({k: v for k, v in entry.items()
+                                                         if k in ("denoise_s", "step_median_s", "skip_fraction",
+                                                                  "avg_act_bits", "peak_mem_bytes", "error")}), flush=True)
+            _write_speed(results, out, args.name)
+        if args.pipeline_memory and size != "tiny":
+            rec["pipeline_memory"] = pipeline_memory(pipe, call, device, sched, args)
+            _write_speed(results, out, args.name)
+        del pipe
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def handle_blocks(transformer) -> list:
+    from sixbit.adapters import get_adapter
+
+    return get_adapter(transformer).blocks(transformer)
+
+
+def pipeline_memory(pipe, call, device, sched, args) -> dict:
+    """Peak memory of the whole pipeline (text encoder → 2 denoising steps → VAE decode), baseline vs sixbit."""
+    import sixbit
+
+    res = {}
+    if device.type != "cuda":
+        return res
+    for name in ("bf16", "full"):
+        handle = None
+        try:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+            if name == "full":
+                handle = sixbit.apply(pipe, "full", schedule=sched.resample(len(handle_blocks(pipe.transformer)), 2)
+                                      if sched else None)
+                pipe.vae.enable_tiling()
+            pipe(**call, num_inference_steps=2, output_type="pt")
+            res[name] = {"peak_bytes": int(torch.cuda.max_memory_allocated(device)), "resident_before_bytes": int(base)}
+        except Exception as e:
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            if handle is not None:
+                handle.remove()
+            pipe.vae.disable_tiling()
+    return res
+
+
+def _write_speed(results: dict, out: Path, name: str | None) -> None:
+    env = results["environment"]
+    md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
+          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after a 2-step warm-up. Random weights "
+          "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
+          "sixbit-mini** with the full method (resampled to this depth and step count). DMPQ routes come from "
+          "Γ of the random model (uncalibrated).", ""]
+    for size, rec in results["models"].items():
+        base = rec["configs"].get("bf16", {}).get("denoise_s")
+        c = rec.get("call", {})
+        md += [f"## CogVideoX-{size.upper()} — {c.get('num_frames')} frames {c.get('height')}×{c.get('width')}, "
+               f"{rec['steps']} steps, {rec['transformer_params'] / 1e9:.2f} B transformer parameters", "",
+               "| configuration | denoise s | median step ms | speed-up | skipped | act bits | peak GiB | "
+               "transformer weights GiB | path |", "|---|---|---|---|---|---|---|---|---|"]
+        for e in rec["configs"].values():
+            if "error" in e:
+                md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | |")
+                continue
+            sp = f"{base / e['denoise_s']:.2f}×" if base else "—"
+            md.append(f"| {e['label']}{' (replayed schedule)' if e.get('schedule_replayed') else ''} | "
+                      f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
+                      f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
+                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['transformer_resident_bytes'] / 2**30:.2f} | "
+                      f"{e.get('compute_path', 'torch bf16')} |")
+        if rec.get("pipeline_memory"):
+            md += ["", "Whole pipeline (text encoder + transformer + VAE decode, 2 steps) peak GiB: " + ", ".join(
+                f"{k}: {v['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in v else f"{k}: {v.get('error')}"
+                for k, v in rec["pipeline_memory"].items())]
+        md.append("")
+    md += [_env_md(env), ""]
+    write_results(name or "speed", results, "\n".join(md), out)
+
+
+# ================================================================================================== CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sixbit.bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("quality", help="ablation quality table on sixbit-mini")
+    q.add_argument("--model", default=None, help="pipeline folder or hub id (default: the embedded sixbit-mini)")
+    q.add_argument("--prompts", type=int, default=12, help="number of evaluation prompts (in-grammar)")
+    q.add_argument("--seeds", type=int, default=2)
+    q.add_argument("--steps", type=int, default=None, help="override num_inference_steps")
+    q.add_argument("--configs", nargs="*", choices=QUALITY_CONFIGS)
+    q.add_argument("--device", default=None)
+    q.add_argument("--out", default=str(RESULTS))
+    q.add_argument("--name", default=None)
+    s = sub.add_parser("speed", help="speed and memory at real CogVideoX sizes (GPU)")
+    s.add_argument("--sizes", nargs="+", default=["2b"], choices=["tiny", "2b", "5b"])
+    s.add_argument("--steps", type=int, default=50)
+    s.add_argument("--frames", type=int, default=49)
+    s.add_argument("--height", type=int, default=480)
+    s.add_argument("--width", type=int, default=720)
+    s.add_argument("--configs", nargs="*", choices=SPEED_CONFIGS)
+    s.add_argument("--schedule", default=str(RESULTS / "schedule_mini.json"))
+    s.add_argument("--pipeline-memory", action="store_true")
+    s.add_argument("--device", default=None)
+    s.add_argument("--out", default=str(RESULTS))
+    s.add_argument("--name", default=None)
+    args = p.parse_args(argv)
+    if args.cmd == "quality":
+        quality(args)
+    else:
+        if args.schedule and not Path(args.schedule).exists():
+            print(f"note: no schedule at {args.schedule}; TDC configurations decide on their own", flush=True)
+            args.schedule = None
+        speed(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
