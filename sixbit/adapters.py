@@ -1,0 +1,135 @@
+"""Model families: where the blocks are, how a block is called, which linears to quantize, how CFG runs.
+
+The engine knows nothing about CogVideoX or Wan; it asks an :class:`Adapter`:
+
+* ``blocks(transformer)``      → ``[(name, block), ...]`` in execution order;
+* ``block_linears(block)``     → the block's ``nn.Linear`` layers that DMPQ routes (names relative to the
+  block). Modulation linears (``norm1.linear``/``norm2.linear`` of CogVideoX: M = batch rows, tiny
+  compute, large error impact), embedders and ``proj_out`` are outside this list and stay in full
+  precision. With fused projections (``fuse_qkv_projections()`` before ``apply``) the fused layer is
+  quantized and the unused unfused ones are left alone;
+* ``streams_in(args, kwargs)`` / ``streams_out(output)`` / ``rebuild(output, streams)`` — the token
+  streams a block updates residually. CogVideoX blocks update two streams and return
+  ``(hidden_states, encoder_hidden_states)``; Wan blocks update one (the text enters cross-attention
+  unchanged) and return ``hidden_states``. Stream 0 is always the video-token stream: Γ is measured on it;
+  the delta cache and the outlier statistic cover all streams;
+* ``cfg``: ``"batched"`` (CogVideoX: cond and uncond in one call under ``cache_context("cond_uncond")``)
+  or ``"separate"`` (Wan: one call per branch, ``cache_context("cond")`` / ``("uncond")``). The engine keeps
+  state per cache context either way; this field is descriptive (trace, docs).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+__all__ = ["Adapter", "COGVIDEOX", "WAN", "ADAPTERS", "get_adapter"]
+
+
+@dataclass
+class Adapter:
+    family: str
+    transformer_classes: tuple[str, ...]
+    block_list: str
+    stream_args: tuple[str, ...]
+    """block-forward argument names of the residual streams, video stream first"""
+    output_streams: tuple[int, ...] | None
+    """positions of the streams in a tuple output (``None``: the block returns stream 0 alone)"""
+    cfg: str
+    fp_patterns: tuple[str, ...] = (r"(^|\.)norm\d*\.linear$",)
+    """regexes of block-relative linear names that stay in full precision"""
+    _arg_index: dict = field(default_factory=dict, repr=False)
+
+    def matches(self, transformer: nn.Module) -> bool:
+        return type(transformer).__name__ in self.transformer_classes
+
+    def blocks(self, transformer: nn.Module) -> list[tuple[str, nn.Module]]:
+        blocks = getattr(transformer, self.block_list)
+        return [(f"{self.block_list}.{i}", b) for i, b in enumerate(blocks)]
+
+    def block_linears(self, block: nn.Module) -> list[tuple[str, nn.Linear]]:
+        fused_unused = set()
+        for name, mod in block.named_modules():
+            if getattr(mod, "fused_projections", False):
+                pre = f"{name}." if name else ""
+                if hasattr(mod, "to_qkv"):
+                    fused_unused |= {pre + "to_q", pre + "to_k", pre + "to_v"}
+                if hasattr(mod, "to_kv"):
+                    fused_unused |= {pre + "to_k", pre + "to_v"}
+                if hasattr(mod, "to_added_kv"):
+                    fused_unused |= {pre + "add_k_proj", pre + "add_v_proj"}
+        out = []
+        for name, mod in block.named_modules():
+            if not isinstance(mod, nn.Linear) or name in fused_unused:
+                continue
+            if any(re.search(p, name) for p in self.fp_patterns):
+                continue
+            out.append((name, mod))
+        return out
+
+    # ---------------------------------------------------------------------------------------- call
+    def _index(self, block: nn.Module) -> dict[str, int]:
+        cls = type(block)
+        if cls not in self._arg_index:
+            params = list(inspect.signature(cls.forward).parameters)[1:]
+            self._arg_index[cls] = {p: i for i, p in enumerate(params)}
+        return self._arg_index[cls]
+
+    def streams_in(self, block: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        idx = self._index(block)
+        out = []
+        for name in self.stream_args:
+            if name in kwargs:
+                out.append(kwargs[name])
+            else:
+                out.append(args[idx[name]])
+        return out
+
+    def streams_out(self, output) -> list[torch.Tensor]:
+        if self.output_streams is None:
+            return [output]
+        return [output[i] for i in self.output_streams]
+
+    def rebuild(self, streams: list[torch.Tensor]):
+        if self.output_streams is None:
+            return streams[0]
+        out = [None] * (max(self.output_streams) + 1)
+        for i, s in zip(self.output_streams, streams):
+            out[i] = s
+        return tuple(out)
+
+
+COGVIDEOX = Adapter(
+    family="cogvideox",
+    transformer_classes=("CogVideoXTransformer3DModel",),
+    block_list="transformer_blocks",
+    stream_args=("hidden_states", "encoder_hidden_states"),
+    output_streams=(0, 1),
+    cfg="batched",
+)
+
+WAN = Adapter(
+    family="wan",
+    transformer_classes=("WanTransformer3DModel",),
+    block_list="blocks",
+    stream_args=("hidden_states",),
+    output_streams=None,
+    cfg="separate",
+)
+
+ADAPTERS = [COGVIDEOX, WAN]
+
+
+def get_adapter(transformer: nn.Module) -> Adapter:
+    for a in ADAPTERS:
+        if a.matches(transformer):
+            return a
+    known = [c for a in ADAPTERS for c in a.transformer_classes]
+    raise TypeError(
+        f"sixbit has no adapter for {type(transformer).__name__}; supported transformers: {known} "
+        "(add one in sixbit/adapters.py)"
+    )

@@ -1,0 +1,259 @@
+"""Calibrate DMPQ: fit E = α·Γ + β per linear layer and choose τ for a target average bit width.
+
+    python -m sixbit.calibrate --model PATH_OR_ID --prompts FILE --out policy.json [--steps 20 ...]
+
+What it does, per prompt: runs the pipeline in full precision (every block computed, every layer on its
+original weights) with sixbit's hooks observing. At every step t and for every routed layer ℓ it feeds
+the layer's *actual* input x to the quantized routes side by side and measures the relative error of the
+NVFP4 route against the full-precision output::
+
+    E_ℓ,t = ‖linear_nvfp4(x) − linear_fp(x)‖_F / ‖linear_fp(x)‖_F       (sixbit.formats.relative_error)
+
+(the INT8 route's error is measured too, for the report). The predictor is the block's Γ at the previous
+step, Γ_{b,t−1}, exactly what the router will see at inference. Per layer, ordinary least squares over all
+(prompt, branch, step ≥ 1) samples gives α, β and R²; the report states R² per layer, pooled within
+layers (1 − ΣSS_res/ΣSS_tot) and for one global line over all layers, so "strong linear correlation" is a
+measured number.
+
+τ: with E_hat the fitted predictions over the calibration samples, a fraction f of INT8 decisions gives
+4.5·(1−f) + 8·f average activation bits; τ(bits) is the (1−f)-quantile of E_hat. The policy stores τ for
+``--target-bits`` and a τ-for-bits table (4.5 … 8.0) so the config can move the target without
+re-calibrating. The realised average in a run also counts warm-up, PDR (16 bits) and after-skip INT8
+steps; the trace reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sixbit.config import SixBitConfig
+from sixbit.formats import relative_error
+from sixbit.linear import ops
+from sixbit.policy import LinearFit, Policy, bits_to_int8_fraction
+
+__all__ = ["calibrate", "fit_line", "read_prompts", "main", "report_markdown"]
+
+BITS_GRID = [4.5 + 0.25 * k for k in range(15)]  # 4.5 … 8.0
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float | None, float, float]:
+    """Least squares y ≈ a·x + b → (a, b, R², SS_res, SS_tot). R² is None when y is constant.
+    With constant x the fit is the mean (a = 0)."""
+    n = len(x)
+    if n == 0:
+        raise ValueError("no samples to fit")
+    mx, my = sum(x) / n, sum(y) / n
+    sxx = sum((v - mx) ** 2 for v in x)
+    sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
+    a = sxy / sxx if sxx > 0 else 0.0
+    b = my - a * mx
+    ss_res = sum((v - (a * u + b)) ** 2 for u, v in zip(x, y))
+    ss_tot = sum((v - my) ** 2 for v in y)
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else None
+    return a, b, r2, ss_res, ss_tot
+
+
+def _quantile(values: list[float], q: float) -> float:
+    v = sorted(values)
+    if not v:
+        raise ValueError("empty")
+    pos = q * (len(v) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a JSON list or a text file (one per line; blank lines and ``#`` comments ignored)."""
+    text = Path(path).read_text()
+    if text.lstrip().startswith("["):
+        prompts = json.loads(text)
+        if not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"{path}: expected a JSON list of strings")
+    else:
+        prompts = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def _default_call(pipe) -> dict[str, Any]:
+    kw: dict[str, Any] = {"output_type": "latent"}
+    tcfg = getattr(pipe.transformer, "config", None)
+    if type(pipe).__name__.startswith("CogVideoX") and tcfg is not None:
+        kw["max_sequence_length"] = tcfg.max_text_seq_length
+    return kw
+
+
+def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, target_bits: float = 6.0,
+              hadamard_block: int = 64, negative_prompt: str = "", call_kwargs: dict | None = None,
+              model_name: str | None = None, log=None) -> tuple[Policy, dict[str, Any]]:
+    """Calibrate on ``pipe`` (see the module docstring). Returns (policy, report)."""
+    from sixbit.engine import apply
+
+    cfg = SixBitConfig(quant="dmpq", tdc=False, pdr=False, warmup_steps=1000, fp_weights="device",
+                       hadamard_block=hadamard_block, policy=None, trace_linear_outliers=False)
+    handle = apply(pipe, cfg)
+    names = handle.linear_names
+    block_of = [b for b, idx in enumerate(handle.block_linear_idx) for _ in idx]
+    errs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+    kernel_ops = ops()
+
+    def observer(j):
+        def obs(module, x, y):
+            cur = handle.current
+            if cur is None:
+                return
+            y4, _ = kernel_ops.linear(x, module.packed, "nvfp4", backend=module.backend)
+            y8, _ = kernel_ops.linear(x, module.packed, module.resolve("int8"), backend=module.backend)
+            errs[(run_id, cur[0], cur[1], j)] = (relative_error(y4, y), relative_error(y8, y))
+        return obs
+
+    for j, m in enumerate(handle.modules):
+        m.observer = observer(j)
+    xs: list[list[float]] = [[] for _ in names]
+    ys: list[list[float]] = [[] for _ in names]
+    e8s: list[list[float]] = [[] for _ in names]
+    call = {**_default_call(pipe), **(call_kwargs or {})}
+    t_start = time.perf_counter()
+    try:
+        for run_id, prompt in enumerate(prompts):
+            errs.clear()
+            gen = torch.Generator(device="cpu").manual_seed(seed + run_id)
+            pipe(prompt, negative_prompt=negative_prompt, num_inference_steps=steps, generator=gen, **call)
+            trace = handle.trace
+            gammas: dict[tuple[str, int], list[float | None]] = {}
+            for st in trace.steps:
+                for br, rec in st.branches.items():
+                    gammas[(br, st.step)] = [b["gamma"] if b else None for b in rec.blocks]
+            for (_rid, br, t, j), (e4, e8) in errs.items():
+                prev = gammas.get((br, t - 1))
+                if t < 1 or prev is None or prev[block_of[j]] is None:
+                    continue
+                xs[j].append(prev[block_of[j]])
+                ys[j].append(float(e4))
+                e8s[j].append(float(e8))
+            if log:
+                log(f"prompt {run_id + 1}/{len(prompts)} done ({time.perf_counter() - t_start:.1f}s): {prompt!r}")
+    finally:
+        handle.remove()
+
+    fits, layers = {}, []
+    tot_res = tot_tot = 0.0
+    all_x, all_y, preds = [], [], []
+    for j, name in enumerate(names):
+        if not xs[j]:
+            raise RuntimeError(f"no calibration samples for {name}; use at least 2 steps")
+        a, b, r2, ss_res, ss_tot = fit_line(xs[j], ys[j])
+        fits[name] = LinearFit(alpha=a, beta=b, r2=r2, n=len(xs[j]))
+        tot_res += ss_res
+        tot_tot += ss_tot
+        all_x += xs[j]
+        all_y += ys[j]
+        preds += [a * g + b for g in xs[j]]
+        layers.append({"name": name, "alpha": a, "beta": b, "r2": r2, "n": len(xs[j]),
+                       "mean_err_nvfp4": sum(ys[j]) / len(ys[j]), "mean_err_int8": sum(e8s[j]) / len(e8s[j]),
+                       "gamma_min": min(xs[j]), "gamma_max": max(xs[j])})
+    r2_pooled = 1.0 - tot_res / tot_tot if tot_tot > 0 else None
+    _, _, r2_global, _, _ = fit_line(all_x, all_y)
+    tau_table = {bits: _quantile(preds, 1.0 - bits_to_int8_fraction(bits)) for bits in BITS_GRID}
+    tau = _quantile(preds, 1.0 - bits_to_int8_fraction(target_bits))
+    frac = sum(p > tau for p in preds) / len(preds)
+    meta = {
+        "prompts": prompts, "steps": steps, "seed": seed, "negative_prompt": negative_prompt,
+        "call_kwargs": {k: v for k, v in call.items() if isinstance(v, (int, float, str, bool))},
+        "samples": len(preds), "seconds": round(time.perf_counter() - t_start, 2),
+        "compute_path": handle.trace.compute_path, "device": handle.trace.device,
+        "int8_fraction_at_tau": frac, "avg_act_bits_at_tau": 4.5 * (1 - frac) + 8.0 * frac,
+        "r2_global_line": r2_global, "torch": torch.__version__,
+    }
+    policy = Policy(linears=fits, tau=tau, model=model_name or str(getattr(pipe, "name_or_path", "") or ""),
+                    target_bits=target_bits, tau_table=tau_table, hadamard_block=hadamard_block,
+                    r2_overall=r2_pooled, meta=meta)
+    report = {"layers": layers, "r2_overall": r2_pooled, "r2_global_line": r2_global, "tau": tau,
+              "target_bits": target_bits, "tau_table": tau_table, **meta}
+    return policy, report
+
+
+def report_markdown(report: dict[str, Any], command: str | None = None) -> str:
+    def f(v, nd=4):
+        return "—" if v is None else f"{v:.{nd}f}"
+
+    r2s = sorted(layer["r2"] for layer in report["layers"] if layer["r2"] is not None)
+    med = r2s[len(r2s) // 2] if r2s else None
+    lines = [
+        "# DMPQ calibration report",
+        "",
+        f"- samples: {report['samples']} (layer × step × branch × prompt), {len(report['prompts'])} prompts, "
+        f"{report['steps']} steps, seed {report['seed']}; device {report['device']} ({report['compute_path']}); "
+        f"{report['seconds']} s",
+        f"- R² pooled within layers: **{f(report['r2_overall'], 3)}**; median per-layer R²: {f(med, 3)}; "
+        f"one global line for all layers: {f(report['r2_global_line'], 3)}",
+        f"- τ = {f(report['tau'], 5)} for a target of {report['target_bits']} average activation bits "
+        f"(INT8 fraction on the calibration samples: {report['int8_fraction_at_tau']:.3f})",
+    ]
+    if command:
+        lines += [f"- command: `{command}`"]
+    lines += ["", "| layer | α | β | R² | n | mean E (NVFP4) | mean E (INT8) | Γ range |", "|---|---|---|---|---|---|---|---|"]
+    for layer in report["layers"]:
+        lines.append(
+            f"| {layer['name']} | {f(layer['alpha'])} | {f(layer['beta'])} | {f(layer['r2'], 3)} | {layer['n']} | "
+            f"{f(layer['mean_err_nvfp4'])} | {f(layer['mean_err_int8'])} | "
+            f"{f(layer['gamma_min'], 3)}–{f(layer['gamma_max'], 3)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sixbit.calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="hub id or local pipeline folder (default: sixbit-mini)")
+    ap.add_argument("--prompts", required=True, help="text file (one prompt per line) or JSON list")
+    ap.add_argument("--out", required=True, help="policy JSON to write")
+    ap.add_argument("--report", default=None, help="markdown R² report (default: OUT with .md)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--frames", type=int, default=None)
+    ap.add_argument("--height", type=int, default=None)
+    ap.add_argument("--width", type=int, default=None)
+    ap.add_argument("--guidance", type=float, default=None)
+    ap.add_argument("--negative-prompt", default="")
+    ap.add_argument("--target-bits", type=float, default=6.0)
+    ap.add_argument("--hadamard-block", type=int, default=64)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: per device)")
+    args = ap.parse_args(argv)
+
+    from sixbit.pipeline import load_pipeline
+
+    prompts = read_prompts(args.prompts)
+    pipe = load_pipeline(args.model, device=args.device, dtype=args.dtype)
+    call = {}
+    for k, v in (("num_frames", args.frames), ("height", args.height), ("width", args.width),
+                 ("guidance_scale", args.guidance)):
+        if v is not None:
+            call[k] = v
+    policy, report = calibrate(
+        pipe, prompts, steps=args.steps, seed=args.seed, target_bits=args.target_bits,
+        hadamard_block=args.hadamard_block, negative_prompt=args.negative_prompt, call_kwargs=call,
+        model_name=args.model or "sixbit-mini", log=lambda s: print(s, file=sys.stderr),
+    )
+    out = policy.save(args.out)
+    command = "python -m sixbit.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
+    policy.meta["command"] = command
+    policy.save(out)
+    rep = Path(args.report) if args.report else out.with_suffix(".md")
+    rep.write_text(report_markdown(report, command))
+    print(f"wrote {out} and {rep}: R² pooled {report['r2_overall']}, τ {report['tau']:.5g} "
+          f"for {args.target_bits} bits, {len(policy.linears)} layers")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

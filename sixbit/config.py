@@ -1,0 +1,220 @@
+"""SixBitConfig: every switch and threshold of the method, with presets and help text.
+
+One dataclass, one field per knob. Each field carries ``metadata`` with a ``help`` line (rendered by the
+UI's "Advanced" panel), and where it applies ``choices`` or a ``min``/``max`` range; :meth:`fields_help`
+returns them as plain dicts. :meth:`SixBitConfig.preset` builds the named presets, including the
+ablation rows of the quality tables:
+
+==============  ===========  =====  =====  ===============================================
+preset          quant        TDC    PDR    meaning
+==============  ===========  =====  =====  ===============================================
+off / fp16      off          no     no     the plain model (hooks only observe)
+balanced/full   dmpq         yes    yes    the full method, τ for 6.0 average activation bits
+aggressive      dmpq         yes    yes    τ for 5.25 bits, looser skipping
+dmpq_only       dmpq         no     no     mixed precision, every block computed
+tdc_only        off          yes    no     delta caching on the full-precision model
+dmpq_tdc        dmpq         yes    no     both, without the purified refresh
+w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
+w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activations
+w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
+==============  ===========  =====  =====  ===============================================
+
+Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
+one every linear uses E = Γ (α = 1, β = 0) and ``tau`` (default :data:`UNCALIBRATED_TAU`), which the
+trace reports as ``"policy": "uncalibrated"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
+
+#: τ applied to E = Γ when no calibrated policy is available
+UNCALIBRATED_TAU = 0.5
+
+QUANT_MODES = ("off", "dmpq", "w4a4", "w4a8", "w8a8")
+
+
+class ConfigError(ValueError):
+    """An invalid SixBitConfig value; the message names the field."""
+
+
+def _f(default, help: str, **meta):
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass
+class SixBitConfig:
+    """Configuration of :func:`sixbit.apply`. Build with ``SixBitConfig.preset(name, **overrides)``."""
+
+    # --- DMPQ: per-step, per-layer activation precision -------------------------------------------------
+    quant: str = _f(
+        "dmpq",
+        "Linear-layer quantization: 'dmpq' = dynamic NVFP4/INT8 activations from the Γ predictor; "
+        "'w4a4', 'w4a8', 'w8a8' = static baselines (one route for every layer); 'off' = original weights.",
+        choices=QUANT_MODES,
+    )
+    int8_route: str = _f(
+        "int8",
+        "What an INT8 decision runs: 'int8' = NVFP4 weights × INT8 activations (the paper's W4A8, "
+        "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
+        "also keeps an 8-bit copy of every weight resident).",
+        choices=("int8", "w8a8"),
+    )
+    target_bits: float | None = _f(
+        6.0,
+        "Average activation bits DMPQ aims for; τ is read from the policy's calibrated τ-for-bits table. "
+        "Ignored when 'tau' is set.",
+        min=4.5, max=8.0,
+    )
+    tau: float | None = _f(
+        None,
+        "Threshold on the predicted relative error E = α·Γ + β: a layer runs INT8 when E > τ, else "
+        "NVFP4. Empty = from the policy (see target_bits).",
+        min=0.0,
+    )
+    policy: str | None = _f(
+        "auto",
+        "Calibrated policy (α, β per layer, τ): a JSON path, 'auto' (the shipped policy for the "
+        "model, if any), or empty for uncalibrated E = Γ.",
+    )
+    warmup_steps: int = _f(
+        1, "First denoising steps run with full-precision activations (no Γ history yet).", min=0, max=1000
+    )
+    hadamard_block: int = _f(
+        64,
+        "Block size of the online Hadamard rotation before quantizing activations (power of two; "
+        "reduced per layer to the largest power of two ≥ 16 that divides its width; 0 = off).",
+        choices=(0, 16, 32, 64, 128),
+    )
+    fp_weights: str = _f(
+        "cpu",
+        "Where the original (bf16/fp16) weights of quantized layers live: 'cpu' = offloaded (the GPU "
+        "holds only packed weights; full-precision steps use 4-bit weights × 16-bit activations, "
+        "'w4a16'); 'device' = kept on the device (true FP16 steps, no memory saving).",
+        choices=("cpu", "device"),
+    )
+    # --- TDC: temporal delta cache ---------------------------------------------------------------------
+    tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.")
+    tdc_threshold: float = _f(
+        0.08,
+        "Skip only while the relative L1 change per step between the block's last two computed deltas "
+        "is at most this.",
+        min=0.0,
+    )
+    tdc_budget: float = _f(
+        0.25,
+        "Accumulated skip-error budget per block: every skipped step adds the per-step change; when the "
+        "next skip would exceed the budget the block is recomputed (refresh) and the sum resets.",
+        min=0.0,
+    )
+    tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000)
+    tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000)
+    # --- PDR: purified delta refresh -------------------------------------------------------------------
+    pdr: bool = _f(
+        True,
+        "Purified Delta Refresh: when a computed block's Δ is about to be cached and the block input's "
+        "outlier ratio exceeds ρ, run that block's layers with full-precision activations.",
+    )
+    pdr_rho: float = _f(
+        2e-3, "ρ: outlier-ratio threshold of PDR (fraction of input elements beyond k_σ · token RMS).",
+        min=0.0, max=1.0,
+    )
+    pdr_k_sigma: float = _f(8.0, "k_σ: an element is an outlier if |x| > k_σ · rms(its token).", min=1.0)
+    # --- engine ------------------------------------------------------------------------------------------
+    backend: str = _f("auto", "Kernel backend passed to sixbit_kernels.ops.linear.", choices=("auto", "triton", "torch"))
+    trace_linear_outliers: bool = _f(
+        True, "Record each layer's input outlier ratio in the trace (counted by the kernels; no extra sync)."
+    )
+    sync_timing: bool = _f(True, "Synchronize the GPU at the end of each step so step times are real.")
+
+    # ------------------------------------------------------------------------------------------------------
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> SixBitConfig:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            meta = f.metadata
+            if "choices" in meta and v not in meta["choices"]:
+                raise ConfigError(f"SixBitConfig.{f.name} must be one of {meta['choices']}, got {v!r}")
+            if v is None or isinstance(v, (bool, str)):
+                continue
+            if isinstance(v, float) and not math.isfinite(v) and not (f.name.startswith("tdc_") and v > 0):
+                raise ConfigError(f"SixBitConfig.{f.name} must be finite, got {v!r}")
+            if "min" in meta and v < meta["min"]:
+                raise ConfigError(f"SixBitConfig.{f.name} must be >= {meta['min']}, got {v!r}")
+            if "max" in meta and v > meta["max"]:
+                raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
+        return self
+
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def quantized(self) -> bool:
+        return self.quant != "off"
+
+    @property
+    def weight_formats(self) -> tuple[str, ...]:
+        """Packed weight formats the configuration needs resident."""
+        if self.quant == "w8a8":
+            return ("int8",)
+        if self.quant == "dmpq" and self.int8_route == "w8a8":
+            return ("nvfp4", "int8")
+        return ("nvfp4",)
+
+    def replace(self, **overrides) -> SixBitConfig:
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown SixBitConfig field(s): {sorted(unknown)}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SixBitConfig:
+        return cls().replace(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> SixBitConfig:
+        """A named preset (see the module docstring) with ``overrides`` applied."""
+        key = name.lower().replace("-", "_").replace("+", "_").replace(" ", "_")
+        if key not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+        return cls(**{**PRESETS[key], **overrides})
+
+    @staticmethod
+    def presets() -> list[str]:
+        return list(PRESETS)
+
+    @classmethod
+    def fields_help(cls) -> list[dict[str, Any]]:
+        """One dict per field: name, type, default, help and (where given) choices/min/max."""
+        out = []
+        for f in dataclasses.fields(cls):
+            d = {"name": f.name, "type": str(f.type), "default": f.default, "help": f.metadata.get("help", "")}
+            for k in ("choices", "min", "max"):
+                if k in f.metadata:
+                    d[k] = f.metadata[k]
+            out.append(d)
+        return out
+
+
+_STATIC = dict(tdc=False, pdr=False, warmup_steps=0)
+PRESETS: dict[str, dict[str, Any]] = {
+    "off": dict(quant="off", tdc=False, pdr=False),
+    "fp16": dict(quant="off", tdc=False, pdr=False),
+    "balanced": dict(),
+    "full": dict(),
+    "aggressive": dict(target_bits=5.25, tdc_threshold=0.15, tdc_budget=0.5, tdc_first=1),
+    "dmpq_only": dict(tdc=False, pdr=False),
+    "tdc_only": dict(quant="off", pdr=False),
+    "dmpq_tdc": dict(pdr=False),
+    "w4a4": dict(quant="w4a4", **_STATIC),
+    "w4a8": dict(quant="w4a8", **_STATIC),
+    "w8a8": dict(quant="w8a8", **_STATIC),
+}

@@ -1,0 +1,50 @@
+"""Purified Delta Refresh: never cache a delta computed from dirty (outlier-heavy) inputs in 4 bits.
+
+A computed block's residual Δ is written to the temporal delta cache and may be reused for several
+steps, so any quantization error in it is reused too. PDR checks, *before* the block runs, the outlier
+ratio of its input (``sixbit.formats.outlier_ratio``: elements beyond ``k_σ`` times their token's RMS,
+counted over all the streams the block updates). If it exceeds ρ, the whole block runs with
+full-precision activations for this step — route ``"fp16"`` (the original weights, when
+``fp_weights="device"``) or ``"w4a16"`` (16-bit activations × the 4-bit weights; the default, which
+keeps no 16-bit weights on the GPU) — so the cached Δ is clean of activation quantization error.
+
+When does a delta count as "about to be cached"? Only when a later step could reuse it: TDC on,
+quantization on, past warm-up, and the next step is one at which the block may skip
+(``tdc_first ≤ t+1 < num_steps − tdc_last``). Under a replayed skip schedule the rule is exact: PDR
+applies when the schedule skips the block at the next step.
+
+The counts are additive tensors (count, total), all-reducible under context parallelism before the one
+host read the decision needs. The companion rule — the first computed step after a skip has no fresh Γ
+and runs INT8 — lives with the router in ``sixbit.engine``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sixbit.formats import outlier_count
+
+__all__ = ["applies", "outlier_sums", "purify"]
+
+
+def applies(cfg, step: int, num_steps: int | None, next_skip: bool | None = None) -> bool:
+    """Whether the delta computed at ``step`` may be reused by a skip (so PDR should check it)."""
+    if not (cfg.pdr and cfg.tdc and cfg.quantized) or step < cfg.warmup_steps:
+        return False
+    if next_skip is not None:  # replayed schedule: known exactly
+        return next_skip
+    if step + 1 < cfg.tdc_first:
+        return False
+    return num_steps is None or step + 1 < num_steps - cfg.tdc_last
+
+
+def outlier_sums(streams: list[torch.Tensor], k_sigma: float) -> torch.Tensor:
+    """``[outlier count, element count]`` over the streams as one fp64 tensor (all-reducible)."""
+    counts = [outlier_count(s, k_sigma) for s in streams]
+    total = sum(n for _, n in counts)
+    count = sum(c for c, _ in counts)
+    return torch.stack([count.to(torch.float64), torch.tensor(float(total), dtype=torch.float64, device=count.device)])
+
+
+def purify(ratio: float, cfg) -> bool:
+    return ratio > cfg.pdr_rho

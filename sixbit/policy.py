@@ -1,0 +1,231 @@
+"""The calibrated DMPQ policy: α, β per linear layer and the threshold τ, as versioned plain JSON.
+
+File format (``format: "sixbit-policy"``, ``version: 1``)::
+
+    {
+      "format": "sixbit-policy", "version": 1,
+      "model": "assets/sixbit-mini",             # what it was calibrated on (informative)
+      "gamma_stream": "hidden",                  # Γ is measured on the video-token stream
+      "hadamard_block": 64,                      # the rotation the errors were measured with
+      "tau": 0.031, "target_bits": 6.0,          # τ chosen for target_bits on the calibration data
+      "tau_table": {"4.5": 0.12, "5.0": ..., "8.0": 0.0},   # τ for other bit targets
+      "r2_overall": 0.83,
+      "linears": {"transformer_blocks.0.attn1.to_q": {"alpha": 0.21, "beta": 0.05, "r2": 0.9, "n": 38}, ...},
+      "meta": {...}                              # free-form: prompts, steps, seed, command line
+    }
+
+Predicted relative error of a layer's NVFP4 route: ``E = alpha · Γ + beta``; the layer goes INT8 when
+``E > tau``. Loading validates every field and raises :class:`PolicyError` naming the first bad one
+(``linears['transformer_blocks.3.ff.net.2'].alpha: expected a finite number, got 'x'``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Policy", "LinearFit", "PolicyError", "POLICY_FORMAT", "POLICY_VERSION", "bits_to_int8_fraction"]
+
+POLICY_FORMAT = "sixbit-policy"
+POLICY_VERSION = 1
+
+#: activation bits of the two DMPQ routes (sixbit.formats.ACT_BITS: NVFP4 counts its block scales)
+NVFP4_BITS = 4.5
+INT8_BITS = 8.0
+
+
+def bits_to_int8_fraction(bits: float) -> float:
+    """Fraction of INT8 decisions that gives ``bits`` average activation bits (clamped to [0, 1])."""
+    return min(1.0, max(0.0, (bits - NVFP4_BITS) / (INT8_BITS - NVFP4_BITS)))
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the offending field."""
+
+
+@dataclass
+class LinearFit:
+    """Least-squares fit ``E = alpha·Γ + beta`` of one layer (``r2``/``n``: fit quality, sample count)."""
+
+    alpha: float
+    beta: float
+    r2: float | None = None
+    n: int = 0
+
+    def predict(self, gamma: float) -> float:
+        return self.alpha * gamma + self.beta
+
+
+@dataclass
+class Policy:
+    linears: dict[str, LinearFit]
+    tau: float
+    model: str = ""
+    target_bits: float | None = None
+    tau_table: dict[float, float] = field(default_factory=dict)
+    hadamard_block: int | None = None
+    gamma_stream: str = "hidden"
+    r2_overall: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    calibrated: bool = True
+
+    # -------------------------------------------------------------------------------------- decisions
+    def fit(self, name: str) -> LinearFit:
+        try:
+            return self.linears[name]
+        except KeyError:
+            if not self.calibrated:
+                return _IDENTITY
+            raise PolicyError(
+                f"policy (calibrated on {self.model or 'an unnamed model'!r}, {len(self.linears)} layers) has no "
+                f"entry for layer {name!r}: calibrate this model with `python -m sixbit.calibrate`"
+            ) from None
+
+    def tau_for_bits(self, bits: float) -> float:
+        """τ for an average-activation-bit target, interpolated linearly in the τ-for-bits table."""
+        if not self.tau_table:
+            return self.tau
+        pts = sorted(self.tau_table.items())
+        if bits <= pts[0][0]:
+            return pts[0][1]
+        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
+            if bits <= b1:
+                w = (bits - b0) / (b1 - b0) if b1 > b0 else 1.0
+                return t0 + w * (t1 - t0)
+        return pts[-1][1]
+
+    @classmethod
+    def uncalibrated(cls, tau: float) -> Policy:
+        """E = Γ for every layer (α = 1, β = 0): what DMPQ uses when no policy is available."""
+        return cls(linears={}, tau=tau, model="", calibrated=False)
+
+    # ------------------------------------------------------------------------------------------ files
+    def to_dict(self) -> dict[str, Any]:
+        if not self.calibrated:
+            raise PolicyError("an uncalibrated policy is not written to disk")
+        return {
+            "format": POLICY_FORMAT,
+            "version": POLICY_VERSION,
+            "model": self.model,
+            "gamma_stream": self.gamma_stream,
+            "hadamard_block": self.hadamard_block,
+            "tau": self.tau,
+            "target_bits": self.target_bits,
+            "tau_table": {f"{b:g}": t for b, t in sorted(self.tau_table.items())},
+            "r2_overall": self.r2_overall,
+            "linears": {
+                k: {"alpha": v.alpha, "beta": v.beta, "r2": v.r2, "n": v.n} for k, v in self.linears.items()
+            },
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise PolicyError(f"cannot read policy file {str(path)!r}: {e}") from e
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PolicyError(f"policy file {str(path)!r} is not valid JSON: {e}") from e
+        try:
+            return cls.from_dict(d)
+        except PolicyError as e:
+            raise PolicyError(f"policy file {str(path)!r}: {e}") from e
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Policy:
+        if not isinstance(d, dict):
+            raise PolicyError(f"expected a JSON object at the top level, got {type(d).__name__}")
+        if d.get("format") != POLICY_FORMAT:
+            raise PolicyError(f"format: expected {POLICY_FORMAT!r}, got {d.get('format')!r}")
+        version = d.get("version")
+        if version != POLICY_VERSION:
+            raise PolicyError(f"version: this sixbit reads policy version {POLICY_VERSION}, got {version!r}")
+        linears_raw = d.get("linears")
+        if not isinstance(linears_raw, dict) or not linears_raw:
+            raise PolicyError(f"linears: expected a non-empty object of layer fits, got {_show(linears_raw)}")
+        linears = {}
+        for name, fit in linears_raw.items():
+            where = f"linears[{name!r}]"
+            if not isinstance(fit, dict):
+                raise PolicyError(f"{where}: expected an object with alpha and beta, got {_show(fit)}")
+            r2 = fit.get("r2")
+            linears[name] = LinearFit(
+                alpha=_number(fit.get("alpha"), f"{where}.alpha"),
+                beta=_number(fit.get("beta"), f"{where}.beta"),
+                r2=None if r2 is None else _number(r2, f"{where}.r2"),
+                n=_int(fit.get("n", 0), f"{where}.n", minimum=0),
+            )
+        tau_table_raw = d.get("tau_table", {}) or {}
+        if not isinstance(tau_table_raw, dict):
+            raise PolicyError(f"tau_table: expected an object {{bits: tau}}, got {_show(tau_table_raw)}")
+        tau_table = {}
+        for k, v in tau_table_raw.items():
+            try:
+                bits = float(k)
+            except ValueError:
+                raise PolicyError(f"tau_table: key {k!r} is not a number of bits") from None
+            tau_table[bits] = _number(v, f"tau_table[{k!r}]")
+        hb = d.get("hadamard_block")
+        if hb is not None:
+            hb = _int(hb, "hadamard_block", minimum=0)
+        gs = d.get("gamma_stream", "hidden")
+        if gs != "hidden":
+            raise PolicyError(f"gamma_stream: only 'hidden' is supported, got {gs!r}")
+        tb = d.get("target_bits")
+        r2o = d.get("r2_overall")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise PolicyError(f"meta: expected an object, got {_show(meta)}")
+        model = d.get("model", "")
+        if not isinstance(model, str):
+            raise PolicyError(f"model: expected a string, got {_show(model)}")
+        return cls(
+            linears=linears,
+            tau=_number(d.get("tau"), "tau"),
+            model=model,
+            target_bits=None if tb is None else _number(tb, "target_bits"),
+            tau_table=tau_table,
+            hadamard_block=hb,
+            gamma_stream=gs,
+            r2_overall=None if r2o is None else _number(r2o, "r2_overall"),
+            meta=meta,
+        )
+
+    def describe(self) -> str:
+        if not self.calibrated:
+            return "uncalibrated"
+        return f"calibrated on {self.model!r} ({len(self.linears)} layers, R² {self.r2_overall})"
+
+
+_IDENTITY = LinearFit(alpha=1.0, beta=0.0)
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _number(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise PolicyError(f"{where}: expected a finite number, got {_show(v)}")
+    return float(v)
+
+
+def _int(v: Any, where: str, minimum: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or (minimum is not None and v < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise PolicyError(f"{where}: expected an integer{bound}, got {_show(v)}")
+    return v

@@ -1,0 +1,151 @@
+"""Temporal Delta Cache: skip a block whose residual update is temporally stable.
+
+Per block and per cache context (CFG branch) the cache holds the block's last computed residual
+``Δ = out − in`` for *every* token stream the block updates (CogVideoX: video and text; Wan: video).
+A skipped block returns ``out = in + Δ_cached`` for each stream — exactly that expression, in the
+model's dtype.
+
+Similarity of two computed deltas (relative L1, summed over streams, per step of distance)::
+
+    delta_sim = Σ_s ‖Δ_s,t − Δ_s,t'‖₁ / Σ_s ‖Δ_s,t'‖₁ / (t − t')
+
+where t' is the block's previous computed step. 0 means "identical"; it is a *change rate*, so a delta
+recomputed after k skipped steps is judged per step, not penalised for the gap.
+
+Decision at step t (``decide``): skip iff
+
+* TDC is on, t ≥ ``tdc_first`` and t < num_steps − ``tdc_last`` (the first/last K steps never skip);
+* two computed deltas exist (``delta_sim`` is known);
+* ``delta_sim ≤ tdc_threshold``; and
+* ``acc_err + delta_sim ≤ tdc_budget``.
+
+``acc_err`` estimates how stale the cached delta has become: every skipped step adds ``delta_sim``
+(linear drift), so after k consecutive skips it is k·delta_sim. When the next skip would exceed the
+budget, the block is computed — a refresh — which stores the new Δ and resets ``acc_err`` to 0.
+
+A :class:`SkipSchedule` records the computed/skipped pattern (block × step, per branch) of a run and can
+replay it (``sixbit.apply(..., schedule=...)``), resampled to another depth or step count: the
+benchmarks record it on sixbit-mini and replay it at real CogVideoX sizes, where random weights would
+make TDC's own decisions meaningless.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers.hooks.hooks import BaseState
+
+from sixbit.dmpq import l1
+
+__all__ = ["BlockState", "delta_change_sums", "decide", "SkipSchedule"]
+
+
+class BlockState(BaseState):
+    """Per block, per cache context: the cached deltas and the statistics of the decisions."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self, *args, **kwargs) -> None:
+        self.delta: list[torch.Tensor] | None = None  # cached Δ per stream
+        self.gamma: float | None = None  # Γ at the last computed step
+        self.delta_sim: float | None = None  # change rate between the last two computed deltas
+        self.acc_err: float = 0.0
+        self.last_step: int | None = None  # last computed step
+        self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
+
+
+def delta_change_sums(new: list[torch.Tensor], old: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ‖new − old‖₁, Σ‖old‖₁) over streams, as fp32 0-d tensors (additive: all-reducible)."""
+    num = sum(l1(n - o) for n, o in zip(new, old))
+    den = sum(l1(o) for o in old)
+    return num, den
+
+
+def decide(state: BlockState, step: int, num_steps: int | None, cfg) -> bool:
+    """True when the block may be skipped at ``step`` (see the module docstring)."""
+    if not cfg.tdc or step < cfg.tdc_first:
+        return False
+    if num_steps is not None and step >= num_steps - cfg.tdc_last:
+        return False
+    if state.delta is None or state.delta_sim is None:
+        return False
+    if state.delta_sim > cfg.tdc_threshold:
+        return False
+    return state.acc_err + state.delta_sim <= cfg.tdc_budget
+
+
+SCHEDULE_FORMAT = "sixbit-skip-schedule"
+
+
+@dataclass
+class SkipSchedule:
+    """Which block evaluations were computed (True) or skipped (False): ``branches[name][step][block]``."""
+
+    num_blocks: int
+    num_steps: int
+    branches: dict[str, list[list[bool]]]
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def computed(self, branch: str, step: int, block: int) -> bool:
+        pattern = self.branches.get(branch) or next(iter(self.branches.values()))
+        if step >= len(pattern):
+            return True
+        return bool(pattern[step][block])
+
+    @property
+    def skip_fraction(self) -> float:
+        cells = [c for p in self.branches.values() for row in p for c in row]
+        return 0.0 if not cells else 1.0 - sum(cells) / len(cells)
+
+    def resample(self, num_blocks: int, num_steps: int | None = None) -> SkipSchedule:
+        """The same pattern on another grid: block b and step t read the source cell at the same
+        relative depth and time (nearest neighbour). Keeps the skip fraction approximately."""
+        num_steps = self.num_steps if num_steps is None else num_steps
+
+        def near(i, n_new, n_old):
+            return 0 if n_new <= 1 or n_old <= 1 else round(i * (n_old - 1) / (n_new - 1))
+
+        branches = {
+            name: [
+                [bool(p[near(t, num_steps, len(p))][near(b, num_blocks, self.num_blocks)]) for b in range(num_blocks)]
+                for t in range(num_steps)
+            ]
+            for name, p in self.branches.items()
+        }
+        src = {**self.source, "resampled_from": [self.num_blocks, self.num_steps]}
+        return SkipSchedule(num_blocks, num_steps, branches, src)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": SCHEDULE_FORMAT, "version": 1, "num_blocks": self.num_blocks, "num_steps": self.num_steps,
+            "branches": {k: [[int(c) for c in row] for row in v] for k, v in self.branches.items()},
+            "skip_fraction": self.skip_fraction, "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SkipSchedule:
+        if not isinstance(d, dict) or d.get("format") != SCHEDULE_FORMAT:
+            raise ValueError(f"not a sixbit skip schedule (format != {SCHEDULE_FORMAT!r})")
+        nb, ns = d["num_blocks"], d["num_steps"]
+        branches = {}
+        for k, rows in d["branches"].items():
+            if len(rows) != ns or any(len(r) != nb for r in rows):
+                raise ValueError(f"skip schedule branch {k!r}: expected {ns} steps × {nb} blocks")
+            branches[k] = [[bool(c) for c in r] for r in rows]
+        if not branches:
+            raise ValueError("skip schedule has no branches")
+        return cls(nb, ns, branches, d.get("source", {}))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict()) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SkipSchedule:
+        return cls.from_dict(json.loads(Path(path).read_text()))

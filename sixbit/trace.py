@@ -1,0 +1,210 @@
+"""The per-step record of every decision: what the UI plots and the benchmarks count.
+
+``Trace.to_dict()`` (schema version 1, JSON-safe) — the app codes against exactly this::
+
+    {"version": 1, "model": str, "device": str, "compute_path": str, "config": {...},
+     "blocks": [block names], "linears": [routed linear names, block order],
+     "steps": [{"step": i, "timestep": float, "time_s": float,
+                "blocks": [{"computed", "skipped", "pdr", "gamma", "delta_sim", "acc_err",
+                            "outlier_ratio", "mode"}, ... one per block],
+                "routes": ["nvfp4" | "int8" | "fp16" | "skipped", ... one per linear],
+                "pred_err": [float | null, ... one per linear],
+                "linear_outlier_ratio": [float | null, ... one per linear],
+                "branch": str, "other_branches": {name: {"blocks", "routes", "pred_err", ...}}}],
+     "summary": {"avg_act_bits", "skip_fraction", "pdr_count", "time_s", "peak_mem_bytes",
+                 "route_counts": {"nvfp4", "int8", "fp16", "skipped"}, ...}}
+
+Conventions:
+
+* Non-finite numbers (a threshold set to infinity, Γ of an all-zero input) are written as null.
+* Routes are reported by activation precision: ``w8a8`` shows as ``int8``, ``w4a16`` as ``fp16``.
+* ``gamma`` is Γ measured at this step (the next step routes with it); ``delta_sim`` the block's current
+  delta change rate (see ``sixbit.tdc``); ``acc_err`` the accumulated skip error after this step (0 after
+  a computed step); ``outlier_ratio`` the block-input outlier ratio when PDR checked it, else null.
+  ``mode`` says why the block ran as it did: ``warmup``, ``dmpq``, ``after_skip`` (INT8, no fresh Γ),
+  ``pdr``, ``static``, ``fp`` (quantization off), ``skip``.
+* A step's ``blocks``/``routes``/``pred_err`` are those of its first CFG branch (``branch``); with
+  separate CFG calls (Wan) the other branch is under ``other_branches``. The ``summary`` counts every
+  branch: ``route_counts`` add up to steps × linears × branches, ``skip_fraction`` is over all block
+  evaluations, ``avg_act_bits`` the mean over computed linear evaluations of 4.5 (NVFP4, incl. block
+  scales), 8 (INT8) or 16 (FP16/W4A16) — every layer counts once, whatever its size.
+* ``time_s`` of a step is the wall time of the transformer calls of that step (GPU synchronized at the
+  end of each step when ``config.sync_timing``); the summary's ``time_s`` is their sum.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sixbit.tdc import SkipSchedule
+
+__all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "display_route", "json_safe"]
+
+TRACE_VERSION = 1
+ROUTE_BITS = {"nvfp4": 4.5, "int8": 8.0, "fp16": 16.0}
+_DISPLAY = {"nvfp4": "nvfp4", "int8": "int8", "w8a8": "int8", "w4a16": "fp16", "fp16": "fp16", "skipped": "skipped"}
+
+
+def display_route(route: str) -> str:
+    return _DISPLAY[route]
+
+
+def json_safe(v):
+    """Recursively replace non-finite floats (JSON has none) by None; tuples become lists."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def _f(v):
+    if v is None:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+class _Branch:
+    def __init__(self, n_blocks: int, n_linears: int):
+        self.blocks: list[dict | None] = [None] * n_blocks
+        self.routes: list[str | None] = [None] * n_linears
+        self.pred_err: list[float | None] = [None] * n_linears
+        self.lin_outliers: list[Any] = [None] * n_linears
+
+    def to_dict(self) -> dict[str, Any]:
+        out_lin = []
+        for o in self.lin_outliers:
+            if o is None:
+                out_lin.append(None)
+            else:
+                count, total = o
+                out_lin.append(_f(count) / total if total else None)
+        return {
+            "blocks": [json_safe(b) if b is not None else dict(_NOT_RUN) for b in self.blocks],
+            "routes": [r if r is not None else "skipped" for r in self.routes],
+            "pred_err": [_f(p) for p in self.pred_err],
+            "linear_outlier_ratio": out_lin,
+        }
+
+
+_NOT_RUN = {"computed": False, "skipped": False, "pdr": False, "gamma": None, "delta_sim": None,
+            "acc_err": 0.0, "outlier_ratio": None, "mode": "not_run"}
+
+
+class _Step:
+    def __init__(self, step: int, timestep: float):
+        self.step = step
+        self.timestep = timestep
+        self.time_s = 0.0
+        self.branches: dict[str, _Branch] = {}
+        self._frozen: dict | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self._frozen is not None:
+            return self._frozen
+        names = list(self.branches)
+        first = self.branches[names[0]].to_dict()
+        return {
+            "step": self.step, "timestep": self.timestep, "time_s": self.time_s, **first,
+            "branch": names[0], "other_branches": {n: self.branches[n].to_dict() for n in names[1:]},
+        }
+
+    def freeze(self):
+        self._frozen = None
+        self._frozen = self.to_dict()
+
+
+class Trace:
+    """Records of one pipeline call; reset by the engine at the start of the next call."""
+
+    def __init__(self, *, model: str, device: str, compute_path: str, config: dict, blocks: list[str],
+                 linears: list[str], block_linears: list[range], extra: dict | None = None):
+        self.model = model
+        self.device = device
+        self.compute_path = compute_path
+        self.config = config
+        self.blocks = blocks
+        self.linears = linears
+        self.block_linears = block_linears
+        self.steps: list[_Step] = []
+        self.peak_mem_bytes: int | None = None
+        self.extra = dict(extra or {})
+        self.finished = False
+
+    # ------------------------------------------------------------------------------------- recording
+    def branch(self, step: int, name: str, timestep: float) -> _Branch:
+        while len(self.steps) <= step:
+            self.steps.append(_Step(len(self.steps), timestep))
+        st = self.steps[step]
+        if name not in st.branches:
+            st.branches[name] = _Branch(len(self.blocks), len(self.linears))
+        return st.branches[name]
+
+    def add_time(self, step: int, seconds: float) -> None:
+        self.steps[step].time_s += seconds
+
+    def close_step(self, step: int) -> None:
+        if step < len(self.steps):
+            self.steps[step].freeze()
+
+    # ---------------------------------------------------------------------------------------- output
+    def summary(self) -> dict[str, Any]:
+        counts = {"nvfp4": 0, "int8": 0, "fp16": 0, "skipped": 0}
+        n_blocks = n_skipped = n_pdr = 0
+        for st in self.steps:
+            for br in st.branches.values():
+                for r in br.routes:
+                    counts[r if r is not None else "skipped"] += 1
+                for b in br.blocks:
+                    if b is None:
+                        continue
+                    n_blocks += 1
+                    n_skipped += bool(b["skipped"])
+                    n_pdr += bool(b["pdr"])
+        computed = counts["nvfp4"] + counts["int8"] + counts["fp16"]
+        bits = sum(ROUTE_BITS[k] * counts[k] for k in ROUTE_BITS) / computed if computed else None
+        return {
+            "avg_act_bits": bits,
+            "skip_fraction": n_skipped / n_blocks if n_blocks else 0.0,
+            "pdr_count": n_pdr,
+            "time_s": sum(st.time_s for st in self.steps),
+            "peak_mem_bytes": self.peak_mem_bytes,
+            "route_counts": counts,
+            "num_steps": len(self.steps),
+            "block_evaluations": n_blocks,
+            **self.extra,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": TRACE_VERSION,
+            "model": self.model,
+            "device": self.device,
+            "compute_path": self.compute_path,
+            "config": json_safe(self.config),
+            "blocks": list(self.blocks),
+            "linears": list(self.linears),
+            "steps": [st.to_dict() for st in self.steps],
+            "summary": json_safe(self.summary()),
+        }
+
+    def skip_schedule(self) -> SkipSchedule:
+        """The computed/skipped pattern of this run, per branch (a block never reached counts as computed)."""
+        names: list[str] = []
+        for st in self.steps:
+            names += [n for n in st.branches if n not in names]
+        branches = {}
+        for n in names:
+            rows = []
+            for st in self.steps:
+                br = st.branches.get(n)
+                rows.append([not (br is not None and b is not None and b["skipped"])
+                             for b in (br.blocks if br is not None else [None] * len(self.blocks))])
+            branches[n] = rows
+        return SkipSchedule(len(self.blocks), len(self.steps), branches,
+                            {"model": self.model, "config": self.config, "device": self.device})
+

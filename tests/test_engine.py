@@ -1,0 +1,226 @@
+"""sixbit.apply on a tiny random CogVideoX pipeline: round trips, trace, state per call, loading path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import sixbit
+from sixbit import SixBitConfig
+from sixbit.linear import SixBitLinear
+from sixbit.testing import generate, save_and_reload, tiny_cogvideox_pipeline
+
+COMPUTE_PATHS = {"cpu-reference", "cuda-reference", "hopper-triton", "blackwell-native (unverified)"}
+
+
+@pytest.fixture()
+def pipe():
+    return tiny_cogvideox_pipeline(seed=0)
+
+
+def test_apply_remove_round_trip_is_bit_identical(pipe):
+    ref = generate(pipe)
+    state = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None))
+    assert handle.modules and all(isinstance(m, SixBitLinear) for m in handle.modules)
+    quant = generate(pipe)
+    assert not torch.equal(quant, ref)  # it really quantizes
+    rel = float((quant - ref).norm() / ref.norm())
+    assert 0 < rel < 0.2
+    handle.remove()
+    after = generate(pipe)
+    assert torch.equal(after, ref)
+    restored = pipe.transformer.state_dict()
+    assert restored.keys() == state.keys() and all(torch.equal(restored[k], state[k]) for k in state)
+    assert not any(isinstance(m, SixBitLinear) for m in pipe.transformer.modules())
+    for block in pipe.transformer.transformer_blocks:
+        assert "forward" not in block.__dict__ and not hasattr(block, "_diffusers_hook")
+    # and it can be applied again
+    sixbit.apply(pipe, "w8a8").remove()
+    assert torch.equal(generate(pipe), ref)
+
+
+def test_everything_off_is_identical_to_plain_pipeline(pipe):
+    ref = generate(pipe)
+    with sixbit.apply(pipe, SixBitConfig.preset("off")) as handle:
+        out = generate(pipe)
+        summary = handle.trace.to_dict()["summary"]
+    assert torch.equal(out, ref)
+    assert summary["route_counts"]["fp16"] == summary["num_steps"] * len(handle.linear_names)
+    assert summary["skip_fraction"] == 0.0
+
+
+def test_trace_schema_and_counts(pipe):
+    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1))
+    steps = 6
+    generate(pipe, num_inference_steps=steps)
+    d = json.loads(json.dumps(handle.trace.to_dict(), allow_nan=False))  # JSON-safe
+    assert d["version"] == 1 and d["compute_path"] in COMPUTE_PATHS and d["device"] == "cpu"
+    n_blocks, n_lin = len(d["blocks"]), len(d["linears"])
+    assert d["blocks"] == [f"transformer_blocks.{i}" for i in range(3)]
+    assert n_lin == 3 * 6 and d["linears"][0] == "transformer_blocks.0.attn1.to_q"
+    assert not any("norm1.linear" in n or "norm2.linear" in n for n in d["linears"])
+    assert [s["step"] for s in d["steps"]] == list(range(steps))
+    for s in d["steps"]:
+        assert len(s["blocks"]) == n_blocks and len(s["routes"]) == n_lin and len(s["pred_err"]) == n_lin
+        assert s["time_s"] > 0 and isinstance(s["timestep"], float) and s["branch"] == "cond_uncond"
+        assert set(s["routes"]) <= {"nvfp4", "int8", "fp16", "skipped"}
+        for b, blk in enumerate(s["blocks"]):
+            assert set(blk) >= {"computed", "skipped", "pdr", "gamma", "delta_sim", "acc_err", "outlier_ratio"}
+            assert blk["computed"] != blk["skipped"]
+            routes = [s["routes"][j] for j in range(6 * b, 6 * b + 6)]
+            assert (set(routes) == {"skipped"}) == blk["skipped"]
+    summ = d["summary"]
+    counts = summ["route_counts"]
+    assert sum(counts.values()) == steps * n_lin
+    skipped_blocks = sum(blk["skipped"] for s in d["steps"] for blk in s["blocks"])
+    assert counts["skipped"] == 6 * skipped_blocks and skipped_blocks > 0
+    assert summ["skip_fraction"] == pytest.approx(skipped_blocks / (steps * n_blocks))
+    computed = counts["nvfp4"] + counts["int8"] + counts["fp16"]
+    bits = (4.5 * counts["nvfp4"] + 8 * counts["int8"] + 16 * counts["fp16"]) / computed
+    assert summ["avg_act_bits"] == pytest.approx(bits)
+    assert summ["time_s"] == pytest.approx(sum(s["time_s"] for s in d["steps"]))
+    assert summ["peak_mem_bytes"] is None  # CPU
+    # warm-up step 0 is full precision; later computed steps are quantized
+    assert set(d["steps"][0]["routes"]) == {"fp16"}
+    assert {r for s in d["steps"][1:] for r in s["routes"]} & {"nvfp4", "int8"}
+    wb = summ["weight_bytes"]
+    assert 0 < wb["packed_bytes"] < wb["original_bytes"] / 3 and wb["fp_bytes_on_device"] == 0
+
+
+def test_dmpq_routes_follow_the_policy_rule(pipe):
+    # uncalibrated: E = Γ; choose τ between the blocks' Γ values so both routes occur
+    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=None, tau=0.047))
+    generate(pipe)
+    d = handle.trace.to_dict()
+    seen = set()
+    for prev, s in zip(d["steps"], d["steps"][1:]):
+        for b, blk in enumerate(s["blocks"]):
+            assert blk["mode"] == "dmpq"
+            g = prev["blocks"][b]["gamma"]
+            for j in range(6 * b, 6 * b + 6):
+                assert s["pred_err"][j] == pytest.approx(g)
+                assert s["routes"][j] == ("int8" if g > 0.047 else "nvfp4")
+                seen.add(s["routes"][j])
+    assert seen == {"int8", "nvfp4"}
+
+
+def test_step_callback_streams_and_interrupt_leaves_no_state(pipe):
+    cfg = SixBitConfig.preset("aggressive", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1)
+    handle = sixbit.apply(pipe, cfg)
+    seen = []
+
+    def on_step(trace, step):
+        seen.append((step, len(trace["steps"])))
+        if step == 2:
+            pipe._interrupt = True
+
+    generate(pipe, callback_on_step_end=handle.step_callback(on_step))
+    assert seen == [(0, 1), (1, 2), (2, 3)]
+    assert len(handle.trace.to_dict()["steps"]) == 3 and handle.trace.finished
+    # a full run afterwards equals the same run on a fresh pipeline
+    full = generate(pipe)
+    fresh = tiny_cogvideox_pipeline(seed=0)
+    sixbit.apply(fresh, cfg)
+    assert torch.equal(full, generate(fresh))
+
+
+def test_consecutive_calls_of_different_shapes_do_not_share_caches(pipe):
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1)
+    sixbit.apply(pipe, cfg)
+    a = generate(pipe, num_frames=9, height=32, width=32, num_inference_steps=6)
+    b = generate(pipe, num_frames=5, height=48, width=32, num_inference_steps=5, seed=1)
+    # a call that dies mid-run (no end-of-call reset) must not leak either
+    with pytest.raises(RuntimeError, match="boom"):
+        def explode(p, i, t, kw):
+            if i == 2:
+                raise RuntimeError("boom")
+            return {}
+        generate(pipe, callback_on_step_end=explode)
+    a2 = generate(pipe, num_frames=9, height=32, width=32, num_inference_steps=6)
+    for out, kw in ((a, dict(num_frames=9, height=32, width=32, num_inference_steps=6)),
+                    (b, dict(num_frames=5, height=48, width=32, num_inference_steps=5, seed=1))):
+        fresh = tiny_cogvideox_pipeline(seed=0)
+        h = sixbit.apply(fresh, cfg)
+        assert torch.equal(out, generate(fresh, **kw))
+        assert h.trace.to_dict()["summary"]["skip_fraction"] > 0
+    assert torch.equal(a, a2)
+
+
+def test_fused_qkv_is_quantized_after_fusing_and_refused_after_apply(pipe):
+    pipe.transformer.fuse_qkv_projections()
+    ref = generate(pipe)
+    handle = sixbit.apply(pipe, "w8a8")
+    assert any(n.endswith("attn1.to_qkv") for n in handle.linear_names)
+    assert not any(n.endswith(("attn1.to_q", "attn1.to_k", "attn1.to_v")) for n in handle.linear_names)
+    out = generate(pipe)
+    assert 0 < float((out - ref).norm() / ref.norm()) < 0.05
+    handle.remove()
+    assert torch.equal(generate(pipe), ref)
+
+    other = tiny_cogvideox_pipeline(seed=0)
+    sixbit.apply(other, "w4a4")
+    with pytest.raises(AttributeError, match="Fuse QKV projections .* before sixbit.apply"):
+        other.transformer.fuse_qkv_projections()
+
+
+def test_memory_is_honest_by_default(pipe):
+    before = sum(p.numel() for p in pipe.transformer.parameters())
+    handle = sixbit.apply(pipe, "balanced")
+    after = sum(p.numel() for p in pipe.transformer.parameters())
+    routed = sum(lin.weight.numel() + (lin.bias.numel() if lin.bias is not None else 0)
+                 for lin, _ in handle._originals.values())
+    assert after == before - routed  # the routed layers hold no 16/32-bit weights any more
+    assert all(not m.has_fp_weights for m in handle.modules)
+    with pytest.raises(AttributeError, match="packed weights"):
+        handle.modules[0].weight  # noqa: B018
+    handle.remove()
+    kept = tiny_cogvideox_pipeline(seed=0)
+    h2 = sixbit.apply(kept, SixBitConfig.preset("balanced", fp_weights="device"))
+    assert all(m.has_fp_weights for m in h2.modules) and h2.memory()["fp_bytes_on_device"] > 0
+
+
+def test_static_baselines(pipe):
+    ref = generate(pipe)
+    errs = {}
+    for name, route in (("w4a4", "nvfp4"), ("w4a8", "int8"), ("w8a8", "int8")):
+        with sixbit.apply(pipe, name) as h:
+            out = generate(pipe)
+            d = h.trace.to_dict()
+        assert {r for s in d["steps"] for r in s["routes"]} == {route}
+        errs[name] = float((out - ref).norm() / ref.norm())
+    assert errs["w8a8"] < errs["w4a8"] < errs["w4a4"]
+
+
+def test_cogvideox_15_style_and_apply_refusals():
+    pipe = tiny_cogvideox_pipeline(seed=3, v15=True)
+    ref = generate(pipe)
+    h = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None))
+    out = generate(pipe)
+    assert out.shape == ref.shape and not torch.equal(out, ref)
+    with pytest.raises(RuntimeError, match="already applied"):
+        sixbit.apply(pipe, "off")
+    h.remove()
+    from diffusers import FirstBlockCacheConfig
+
+    pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.1))
+    with pytest.raises(RuntimeError, match="disable_cache"):
+        sixbit.apply(pipe, "off")
+    with pytest.raises(TypeError, match="no adapter"):
+        sixbit.apply(torch.nn.Linear(4, 4), "off")
+
+
+def test_loading_path_save_pretrained_then_load_pipeline(pipe, tmp_path):
+    ref = generate(pipe)
+    again = save_and_reload(pipe, tmp_path / "tiny")
+    assert torch.equal(generate(again), ref)
+    loaded = sixbit.load_pipeline(tmp_path / "tiny", device="cpu")
+    assert type(loaded).__name__ == "CogVideoXPipeline" and loaded.transformer.dtype == torch.float32
+    assert torch.equal(generate(loaded), ref)
+    h = sixbit.apply(loaded, SixBitConfig.preset("balanced", policy=None))
+    generate(loaded)
+    assert h.trace.to_dict()["model"].endswith("tiny")
+    with pytest.raises(FileNotFoundError):
+        sixbit.load_pipeline(tmp_path / "missing" / "folder")

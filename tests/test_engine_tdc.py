@@ -1,0 +1,183 @@
+"""Temporal Delta Cache, Purified Delta Refresh and skip schedules on a tiny random CogVideoX pipeline."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sixbit
+from sixbit import SixBitConfig, SkipSchedule
+from sixbit import pdr as pdr_rule
+from sixbit.testing import generate, tiny_cogvideox_pipeline
+
+FORCE = dict(tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
+
+
+def _capture(block):
+    """Record (inputs, outputs) of every call of a block (torch hooks run around the diffusers hook)."""
+    calls = []
+
+    def pre(mod, args, kwargs):
+        calls.append({"in": (kwargs["hidden_states"].clone(), kwargs["encoder_hidden_states"].clone())})
+
+    def post(mod, args, kwargs, out):
+        calls[-1]["out"] = (out[0].clone(), out[1].clone())
+
+    block.register_forward_pre_hook(pre, with_kwargs=True)
+    block.register_forward_hook(post, with_kwargs=True)
+    return calls
+
+
+def test_forced_skip_returns_input_plus_cached_delta_exactly():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **FORCE))
+    calls = _capture(pipe.transformer.transformer_blocks[1])
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    pattern = [s["blocks"][1]["skipped"] for s in d["steps"]]
+    # steps 0 and 1 compute (two deltas are needed for a similarity), then every step skips
+    assert pattern == [False, False, True, True, True]
+    delta = [o - i for o, i in zip(calls[1]["out"], calls[1]["in"])]  # Δ of the last computed step
+    for c in calls[2:]:
+        for s in range(2):  # both token streams
+            assert torch.equal(c["out"][s], c["in"][s] + delta[s])
+    # the skip error accumulates by the change rate measured at the last refresh
+    rate = d["steps"][1]["blocks"][1]["delta_sim"]
+    assert rate > 0
+    assert [s["blocks"][1]["acc_err"] for s in d["steps"][2:]] == pytest.approx([rate, 2 * rate, 3 * rate])
+    assert all(s["routes"][6:12] == ["skipped"] * 6 for s in d["steps"][2:])
+
+
+def test_accumulated_error_budget_forces_a_refresh():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    budget = 0.8
+    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=budget, tdc_first=0, tdc_last=0)
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe, num_inference_steps=12)
+    d = handle.trace.to_dict()
+    refreshes = 0
+    for b in range(3):
+        prev = None
+        for s in d["steps"]:
+            blk = s["blocks"][b]
+            if prev is not None and prev["delta_sim"] is not None:
+                rate, acc = prev["delta_sim"], prev["acc_err"]
+                assert blk["skipped"] == (acc + rate <= budget), (b, s["step"])
+                if blk["computed"] and prev["skipped"]:
+                    refreshes += 1  # computed because the budget would have been exceeded
+                    assert acc + rate > budget and blk["acc_err"] == 0.0
+            if blk["skipped"]:
+                assert blk["acc_err"] <= budget
+            prev = blk
+    assert refreshes >= 3
+    assert 0.2 < d["summary"]["skip_fraction"] < 0.9
+
+
+def test_first_and_last_steps_never_skip_and_threshold_blocks_skipping():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=3, tdc_last=2)
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe, num_inference_steps=8)
+    steps = handle.trace.to_dict()["steps"]
+    skipped = [any(b["skipped"] for b in s["blocks"]) for s in steps]
+    assert skipped == [False, False, False, True, True, True, False, False]
+    handle.remove()
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_threshold=1e-6, tdc_budget=math.inf))
+    generate(pipe, num_inference_steps=8)
+    assert handle.trace.to_dict()["summary"]["skip_fraction"] == 0.0
+
+
+def test_pdr_fires_on_injected_outliers_not_on_clean_input():
+    # the tiny model is 32 wide: no element can exceed sqrt(32) = 5.7 token RMS, so k_σ = 4 here
+    cfg = SixBitConfig.preset("full", policy=None, pdr_rho=1e-3, pdr_k_sigma=4.0,
+                              **{**FORCE, "tdc_threshold": 0.0})
+    # clean: the random model's block inputs have no 4σ outliers
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe)
+    d = handle.trace.to_dict()
+    checked = [b for s in d["steps"][1:-1] for b in s["blocks"]]
+    # the last step's delta is never reused, so PDR does not check it
+    assert all(b["outlier_ratio"] is None for b in d["steps"][-1]["blocks"])
+    assert all(b["outlier_ratio"] is not None and b["outlier_ratio"] < 1e-3 for b in checked)
+    assert d["summary"]["pdr_count"] == 0
+
+    # dirty: inject outliers into the last block's input from step 2 on
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, cfg)
+    calls = {"n": 0}
+
+    def inject(mod, args, kwargs):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            h = kwargs["hidden_states"].clone()
+            h[:, ::3, 5] = 1000.0  # one large channel in every third token
+            kwargs["hidden_states"] = h
+        return args, kwargs
+
+    pipe.transformer.transformer_blocks[2].register_forward_pre_hook(inject, with_kwargs=True)
+    generate(pipe)
+    d = handle.trace.to_dict()
+    for s in d["steps"][2:-1]:
+        blk = s["blocks"][2]
+        assert blk["pdr"] and blk["mode"] == "pdr" and blk["outlier_ratio"] > 1e-3
+        assert s["routes"][12:18] == ["fp16"] * 6  # w4a16: full-precision activations
+        assert not any(b["pdr"] for b in s["blocks"][:2])
+    assert d["summary"]["pdr_count"] == len(d["steps"]) - 3
+
+
+def test_outlier_statistic_is_additive():
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randn(2, 64, 128, generator=g)
+    dirty = clean.clone()
+    dirty[0, :8, 3] = 1000.0
+    text = torch.randn(2, 16, 128, generator=g)
+    c = pdr_rule.outlier_sums([clean, text], 8.0)
+    d = pdr_rule.outlier_sums([dirty, text], 8.0)
+    assert c.tolist() == [0.0, clean.numel() + text.numel()]
+    assert d[0] == 8 and d[1] == c[1]
+
+
+def test_first_computed_step_after_a_skip_uses_int8():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
+                              tdc_first=0, tdc_last=0)
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe, num_inference_steps=10)
+    d = handle.trace.to_dict()
+    n_after = 0
+    for prev, s in zip(d["steps"], d["steps"][1:]):
+        for b, blk in enumerate(s["blocks"]):
+            routes = s["routes"][6 * b: 6 * b + 6]
+            if blk["computed"] and prev["blocks"][b]["skipped"]:
+                n_after += 1
+                assert blk["mode"] == "after_skip" and routes == ["int8"] * 6
+            elif blk["computed"] and s["step"] >= 1:
+                assert blk["mode"] == "dmpq" and routes == ["nvfp4"] * 6  # τ = 1 > every Γ
+    assert n_after >= 2
+
+
+def test_skip_schedule_record_and_replay_and_resample(tmp_path):
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    h = sixbit.apply(pipe, cfg)
+    generate(pipe, num_inference_steps=8)
+    sched = h.trace.skip_schedule()
+    assert 0 < sched.skip_fraction < 1 and list(sched.branches) == ["cond_uncond"]
+    path = sched.save(tmp_path / "schedule.json")
+
+    # replay on a different model (other seed, other depth): the pattern is imposed, not decided
+    other = tiny_cogvideox_pipeline(seed=5, num_layers=5)
+    replay_cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=0.0)  # TDC alone would never skip
+    h2 = sixbit.apply(other, replay_cfg, schedule=path)
+    calls = []
+    h2.reduce_stats = lambda t: (calls.append(t.numel()), t)[1]
+    generate(other, num_inference_steps=8)
+    got = h2.trace.skip_schedule()
+    expected = SkipSchedule.load(path).resample(5)
+    assert got.branches == expected.branches and got.num_blocks == 5
+    assert h2.trace.to_dict()["summary"]["schedule_overrides"] == 0
+    assert calls and set(calls) <= {2, 4}  # every decision statistic passes the reduce hook
+    assert expected.resample(3).branches == sched.branches  # resampling back recovers the pattern

@@ -1,0 +1,55 @@
+"""sixbit on a tiny random Wan 2.1-style pipeline: separate CFG calls, one token stream per block."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+import sixbit
+from sixbit import SixBitConfig
+from sixbit.testing import generate, tiny_wan_pipeline
+
+
+def test_wan_apply_trace_and_round_trip():
+    pipe = tiny_wan_pipeline(seed=0)
+    ref = generate(pipe)
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=1)
+    handle = sixbit.apply(pipe, cfg)
+    names = handle.linear_names
+    assert names[:4] == ["blocks.0.attn1.to_q", "blocks.0.attn1.to_k", "blocks.0.attn1.to_v", "blocks.0.attn1.to_out.0"]
+    assert "blocks.0.attn2.to_k" in names and "blocks.0.ffn.net.2" in names and len(names) == 2 * 10
+    out = generate(pipe, num_inference_steps=6)
+    assert out.shape == ref.shape and not torch.equal(out, ref)
+    d = json.loads(json.dumps(handle.trace.to_dict(), allow_nan=False))
+    assert d["config"]["family"] == "wan" and d["config"]["cfg_batching"] == "separate"
+    assert len(d["steps"]) == 6
+    for s in d["steps"]:
+        # CFG runs as two calls: two cache contexts with their own state, both in the trace
+        assert s["branch"] == "cond" and list(s["other_branches"]) == ["uncond"]
+        unc = s["other_branches"]["uncond"]
+        assert len(unc["blocks"]) == 2 and len(unc["routes"]) == len(names)
+    counts = d["summary"]["route_counts"]
+    assert sum(counts.values()) == 6 * len(names) * 2
+    assert counts["skipped"] > 0 and d["summary"]["skip_fraction"] > 0
+    handle.remove()
+    assert torch.equal(generate(pipe), ref)
+
+
+def test_wan_forced_skip_single_stream_is_exact():
+    pipe = tiny_wan_pipeline(seed=1)
+    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
+    sixbit.apply(pipe, cfg)
+    calls = []
+    block = pipe.transformer.blocks[0]
+    block.register_forward_hook(lambda m, a, out: calls.append((a[0].clone(), out.clone())))
+    generate(pipe, num_inference_steps=4)
+    # calls alternate cond, uncond per step; steps 0-1 compute, 2-3 skip with each branch's own delta
+    assert len(calls) == 8
+    for branch in (0, 1):
+        x1, y1 = calls[2 + branch]
+        delta = y1 - x1
+        for step in (2, 3):
+            x, y = calls[2 * step + branch]
+            assert torch.equal(y, x + delta)

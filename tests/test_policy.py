@@ -1,0 +1,133 @@
+"""Policy files (versioned JSON, validated on load) and SixBitConfig (presets, validation, help)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+import sixbit
+from sixbit.config import PRESETS, ConfigError, SixBitConfig
+from sixbit.policy import LinearFit, Policy, PolicyError
+from sixbit.testing import tiny_cogvideox_pipeline
+
+
+def _policy() -> Policy:
+    return Policy(
+        linears={"transformer_blocks.0.attn1.to_q": LinearFit(0.5, 0.01, 0.9, 12),
+                 "transformer_blocks.0.ff.net.2": LinearFit(-0.25, 0.2, None, 12)},
+        tau=0.05, model="tiny", target_bits=6.0, tau_table={4.5: 0.3, 6.0: 0.05, 8.0: 0.0}, hadamard_block=64,
+        r2_overall=0.7, meta={"steps": 4},
+    )
+
+
+def test_policy_round_trip(tmp_path):
+    p = _policy()
+    path = p.save(tmp_path / "p.json")
+    q = Policy.load(path)
+    assert q.to_dict() == p.to_dict()
+    assert q.fit("transformer_blocks.0.attn1.to_q").predict(0.1) == pytest.approx(0.06)
+    assert q.tau_for_bits(6.0) == pytest.approx(0.05)
+    assert q.tau_for_bits(7.0) == pytest.approx(0.025)  # linear between the table points
+    assert q.tau_for_bits(4.0) == 0.3 and q.tau_for_bits(9.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(format="other"), "format: expected 'sixbit-policy'"),
+        (lambda d: d.update(version=2), "version: this sixbit reads policy version 1, got 2"),
+        (lambda d: d.pop("tau"), "tau: expected a finite number, got None"),
+        (lambda d: d.update(tau="0.1"), "tau: expected a finite number"),
+        (lambda d: d["linears"]["transformer_blocks.0.attn1.to_q"].update(alpha="x"),
+         re.escape("linears['transformer_blocks.0.attn1.to_q'].alpha: expected a finite number, got 'x'")),
+        (lambda d: d["linears"]["transformer_blocks.0.ff.net.2"].pop("beta"),
+         re.escape("linears['transformer_blocks.0.ff.net.2'].beta: expected a finite number, got None")),
+        (lambda d: d["linears"]["transformer_blocks.0.ff.net.2"].update(n=-1), r"\.n: expected an integer >= 0"),
+        (lambda d: d.update(linears={}), "linears: expected a non-empty object"),
+        (lambda d: d.update(linears=[1, 2]), "linears: expected a non-empty object"),
+        (lambda d: d.update(tau_table={"six": 0.1}), "tau_table: key 'six' is not a number"),
+        (lambda d: d.update(tau_table={"6": None}), r"tau_table\['6'\]: expected a finite number"),
+        (lambda d: d.update(hadamard_block=1.5), "hadamard_block: expected an integer"),
+        (lambda d: d.update(gamma_stream="text"), "gamma_stream: only 'hidden'"),
+        (lambda d: d.update(meta=[]), "meta: expected an object"),
+    ],
+)
+def test_corrupt_policy_gives_a_clear_error(tmp_path, mutate, message):
+    d = _policy().to_dict()
+    mutate(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PolicyError, match=message) as e:
+        Policy.load(path)
+    assert str(path) in str(e.value)
+
+
+def test_unreadable_policies(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "sixbit-policy", "version": 1, "tau": 0.1,')
+    with pytest.raises(PolicyError, match="not valid JSON"):
+        Policy.load(bad)
+    bad.write_text('{"format": "sixbit-policy", "version": 1, "tau": NaN, "linears": {"a": {"alpha": 1, "beta": 0}}}')
+    with pytest.raises(PolicyError, match="tau: expected a finite number, got nan"):
+        Policy.load(bad)
+    with pytest.raises(PolicyError, match="cannot read policy file"):
+        Policy.load(tmp_path / "missing.json")
+    with pytest.raises(PolicyError, match="top level"):
+        Policy.from_dict([1])
+
+
+def test_policy_missing_a_layer_is_refused_at_apply(tmp_path):
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    path = _policy().save(tmp_path / "p.json")
+    with pytest.raises(PolicyError, match=r"no entry for layer 'transformer_blocks.0.attn1.to_k'"):
+        sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=str(path)))
+    # nothing was changed by the refused apply
+    assert not hasattr(pipe.transformer, "_sixbit_handle")
+    sixbit.apply(pipe, "off").remove()
+
+
+def test_presets_and_ablation_switches():
+    assert set(PRESETS) >= {"off", "balanced", "aggressive", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w4a4", "w8a8"}
+    off = SixBitConfig.preset("off")
+    assert not off.quantized and not off.tdc and not off.pdr
+    full = SixBitConfig.preset("full")
+    assert full.quant == "dmpq" and full.tdc and full.pdr
+    assert SixBitConfig.preset("DMPQ+TDC").pdr is False  # names are forgiving
+    assert SixBitConfig.preset("tdc_only").quant == "off"
+    assert SixBitConfig.preset("dmpq_only").tdc is False
+    w8 = SixBitConfig.preset("w8a8")
+    assert w8.weight_formats == ("int8",) and not w8.tdc and w8.warmup_steps == 0
+    assert SixBitConfig.preset("balanced", int8_route="w8a8").weight_formats == ("nvfp4", "int8")
+    assert SixBitConfig.preset("aggressive").target_bits < SixBitConfig.preset("balanced").target_bits
+    assert SixBitConfig.preset("balanced", tdc_first=5).tdc_first == 5
+    assert SixBitConfig.from_dict(full.to_dict()) == full
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(quant="int4"), "SixBitConfig.quant must be one of"),
+        (dict(pdr_rho=2.0), "SixBitConfig.pdr_rho must be <= 1.0"),
+        (dict(tdc_budget=-1.0), "SixBitConfig.tdc_budget must be >= 0.0"),
+        (dict(hadamard_block=48), "SixBitConfig.hadamard_block must be one of"),
+        (dict(tau=math.nan), "SixBitConfig.tau must be finite"),
+        (dict(nonsense=1), "unknown SixBitConfig field"),
+    ],
+)
+def test_config_validation(kw, message):
+    with pytest.raises((ConfigError, TypeError), match=message):
+        SixBitConfig.preset("balanced", **kw) if "nonsense" not in kw else SixBitConfig().replace(**kw)
+    with pytest.raises(ConfigError, match="unknown preset"):
+        SixBitConfig.preset("turbo")
+
+
+def test_every_field_has_help_text():
+    fields = SixBitConfig.fields_help()
+    assert {f["name"] for f in fields} >= {"tau", "target_bits", "tdc_threshold", "tdc_budget", "pdr_rho",
+                                           "warmup_steps", "tdc_first", "tdc_last", "hadamard_block"}
+    for f in fields:
+        assert len(f["help"]) > 20, f["name"]
+    assert next(f for f in fields if f["name"] == "quant")["choices"] == ("off", "dmpq", "w4a4", "w4a8", "w8a8")
