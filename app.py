@@ -25,7 +25,6 @@ import queue
 import socket
 import threading
 import time
-from functools import lru_cache
 from pathlib import Path
 
 import gradio as gr
@@ -134,10 +133,19 @@ class ModelStore:
                          device=str(pipe.device))
 
 
-@lru_cache(maxsize=1)
-def store() -> ModelStore:
-    device = "cuda" if spaces is not None and os.environ.get("SPACES_ZERO_GPU") else None
-    return ModelStore(default_model_id(), device=device)
+_STORE: ModelStore | None = None
+
+
+def store(default_id: str | None = None) -> ModelStore:
+    """The process-wide model store (created on first use; ``default_id`` re-points the served model)."""
+    global _STORE
+    if _STORE is None:
+        # On ZeroGPU the model is placed on "cuda" outside the GPU function (spaces emulates it there).
+        device = "cuda" if spaces is not None and os.environ.get("SPACES_ZERO_GPU") else None
+        _STORE = ModelStore(default_id or default_model_id(), device=device)
+    elif default_id:
+        _STORE.default_id = default_id
+    return _STORE
 
 
 # --------------------------------------------------------------------------------------- the job
@@ -277,9 +285,7 @@ def create_app(model_id: str | None = None, *, allow_hub: bool | None = None, qu
     """Build the Blocks app (model loaded now, so the form knows the model's sizes) and its controller."""
     from sixbit import SixBitConfig
 
-    models = store()
-    if model_id:
-        models.default_id = model_id
+    models = store(model_id)
     model_id = models.default_id
     allow_hub = allow_hub_models() if allow_hub is None else allow_hub
     ttl = float(cache_ttl_s if cache_ttl_s is not None else os.environ.get("SIXBIT_CACHE_TTL_S", 3600))

@@ -7,9 +7,11 @@ the fixed choices of `MAPPED_TEXT` (a typed text could name a file on the server
 (tables, nested objects) are not user settings and are left out. Field ``metadata`` may carry
 ``help``, ``label``, ``min``, ``max`` and ``choices``; they are used when present.
 
-A request's config is ``Config.preset(preset, **overrides)`` where the overrides are exactly the fields
-whose value differs from that preset's — so picking a preset and leaving the accordion alone runs
-the preset as the engine defines it.
+A request's config is ``Config.preset(preset, **overrides)``. The overrides are the fields the user
+edited: those whose value differs from the preset the form was last filled from (``form_preset``; the
+preset radio refills the form). So picking a preset and leaving the accordion alone runs the preset
+as the engine defines it — also for an API caller who sends ``preset="aggressive"`` and leaves the
+Advanced inputs at their defaults (the form starts filled with "balanced").
 """
 
 from __future__ import annotations
@@ -89,13 +91,14 @@ def field_specs(config_cls) -> list[FieldSpec]:
 
 
 def make_component(spec: FieldSpec, value) -> gr.components.Component:
+    """The component of one field; ``value`` as the form shows it (see `to_display`, `preset_values`)."""
     common = dict(label=spec.label, info=spec.info, elem_id=f"adv-{spec.name}", interactive=True)
     if spec.kind == "bool":
         return gr.Checkbox(value=bool(value), **common)
     if spec.kind == "choice":
         return gr.Dropdown(choices=list(spec.choices), value=value, **common)
     if spec.kind == "mapped":
-        return gr.Dropdown(choices=list(spec.mapping), value=to_display(spec, value), **common)
+        return gr.Dropdown(choices=list(spec.mapping), value=value, **common)
     return gr.Number(value=value, precision=0 if spec.kind == "int" else None,
                      minimum=spec.minimum, maximum=spec.maximum, **common)
 
@@ -153,15 +156,17 @@ def _coerce(spec: FieldSpec, value):
     return x
 
 
-def overrides(config_cls, preset: str, specs: list[FieldSpec], values: list) -> dict:
-    """Fields whose submitted value differs from ``preset``'s; raises ``gr.Error`` on a bad value."""
+def overrides(config_cls, preset: str, specs: list[FieldSpec], values: list, form_preset: str | None = None) -> dict:
+    """Fields whose submitted value differs from ``form_preset``'s (default: ``preset``'s), i.e. what the
+    user edited after the form was filled; raises ``gr.Error`` on a bad value or an unknown preset."""
     preset = (preset or "").strip().lower()
-    if preset not in PRESETS:
-        raise gr.Error(f"Unknown 6Bit preset {preset!r}: choose one of {', '.join(PRESETS)}.",
-                       title="Invalid input")
+    form_preset = (form_preset or preset).strip().lower()
+    for p in (preset, form_preset):
+        if p not in PRESETS:
+            raise gr.Error(f"Unknown 6Bit preset {p!r}: choose one of {', '.join(PRESETS)}.", title="Invalid input")
     if len(values) != len(specs):
         raise gr.Error(f"Expected {len(specs)} advanced settings, got {len(values)}.", title="Invalid input")
-    base = config_cls.preset(preset)
+    base = config_cls.preset(form_preset)
     out = {}
     for spec, value in zip(specs, values):
         try:

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 ROUTES = ("nvfp4", "int8", "fp16", "skipped")
-ROUTE_LABELS = {"nvfp4": "NVFP4 (4-bit)", "int8": "INT8", "fp16": "FP16/BF16", "skipped": "skipped (cached)"}
+ROUTE_LABELS = {"nvfp4": "NVFP4 (4-bit)", "int8": "INT8", "fp16": "full precision (FP16/BF16)", "skipped": "skipped (cached)"}
 ROUTE_COLORS = {"nvfp4": "#2a9d8f", "int8": "#e9c46a", "fp16": "#e76f51", "skipped": "#d5d8dc"}
 
 BLOCK_STATES = ("computed", "skipped", "pdr")
@@ -31,13 +31,19 @@ BLOCK_LABELS = {"computed": "computed", "skipped": "skipped (TDC)", "pdr": "PDR 
 BLOCK_COLORS = {"computed": "#457b9d", "skipped": "#d5d8dc", "pdr": "#e63946"}
 
 _FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12)
+_TOP_LEGEND = dict(orientation="h", x=0, xanchor="left", y=1.0, yanchor="bottom")
+
+
+def _dtick(n: int) -> int:
+    """Integer step ticks, at most ~12 labels."""
+    return max(1, -(-n // 12))
 
 
 def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     fig.update_layout(
-        title=dict(text=title, x=0.01, font=dict(size=14)),
+        title=dict(text=title, x=0.01, font=dict(size=14)) if title else None,
         height=height,
-        margin=dict(l=10, r=10, t=40, b=40),
+        margin=dict(l=10, r=10, t=40 if title else 36, b=40),
         font=_FONT,
         plot_bgcolor="white",
         paper_bgcolor="white",
@@ -111,10 +117,10 @@ def precision_figure(trace: dict, total_steps: int | None = None, height: int | 
     ))
     _legend_entries(fig, ROUTE_LABELS, ROUTE_COLORS, ROUTES, counts)
     fig.update_yaxes(autorange="reversed", showticklabels=len(linears) <= 80, title="linear layer")
-    fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5])
-    fig.update_layout(legend=dict(orientation="h", y=-0.12, x=0))
+    fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5], dtick=_dtick(len(x)))
+    fig.update_layout(legend=_TOP_LEGEND)
     h = height or int(min(900, max(300, 140 + 7 * len(linears))))
-    return _layout(fig, "Activation precision per layer × step", h)
+    return _layout(fig, "", h)
 
 
 def skip_figure(trace: dict, total_steps: int | None = None, height: int | None = None) -> go.Figure:
@@ -148,10 +154,10 @@ def skip_figure(trace: dict, total_steps: int | None = None, height: int | None 
     ))
     _legend_entries(fig, BLOCK_LABELS, BLOCK_COLORS, BLOCK_STATES, counts)
     fig.update_yaxes(autorange="reversed", title="block")
-    fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5])
-    fig.update_layout(legend=dict(orientation="h", y=-0.18, x=0))
-    h = height or int(min(700, max(260, 130 + 14 * len(blocks))))
-    return _layout(fig, "Block decisions per step (Temporal Delta Cache / PDR)", h)
+    fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5], dtick=_dtick(len(x)))
+    fig.update_layout(legend=_TOP_LEGEND)
+    h = height or int(min(700, max(240, 120 + 14 * len(blocks))))
+    return _layout(fig, "", h)
 
 
 def _series(steps: list[dict], n_blocks: int, key: str) -> list[list[float | None]]:
@@ -196,9 +202,9 @@ def curves_figure(trace: dict, total_steps: int | None = None, height: int = 420
         fig.add_hline(y=budget, line=dict(dash="dash", color="#e63946", width=1.5), row=2, col=1,
                       annotation_text="error budget", annotation_position="top left")
     n = max(len(steps), int(total_steps or 0))
-    fig.update_xaxes(range=[-0.5, max(n, 1) - 0.5])
+    fig.update_xaxes(range=[-0.5, max(n, 1) - 0.5], dtick=_dtick(n))
     fig.update_xaxes(title="denoising step", row=2, col=1)
-    fig.update_layout(legend=dict(orientation="h", y=1.12, x=1, xanchor="right"))
+    fig.update_layout(legend=dict(orientation="h", y=1.08, yanchor="bottom", x=1, xanchor="right"))
     return _layout(fig, "", height)
 
 

@@ -37,7 +37,7 @@ from ui.validate import ModelLimits, resolve_model_id, validate_request
 OUTPUTS = ("status", "precision", "skips", "curves", "baseline_video", "sixbit_video", "metrics",
            "path_info", "trace_file")
 
-METRIC_HEADERS = ["metric", "FP16/BF16 baseline", "6Bit"]
+METRIC_HEADERS = ["metric", "baseline (full precision)", "6Bit"]
 
 COMPUTE_PATHS = {
     "cpu-reference": "CPU reference — quantization is simulated in plain torch (fake-quant numerics); "
@@ -136,7 +136,7 @@ class Progress:
         return remaining * rate + decodes * (self.decode_s or 0.0)
 
     def text(self, cached_baseline: bool) -> str:
-        names = {"baseline": "FP16 baseline", "sixbit": "6Bit"}
+        names = {"baseline": "Baseline", "sixbit": "6Bit"}
         parts = ["baseline: cached ✓"] if cached_baseline else []
         p = self.phase
         step = self.done_steps[p]
@@ -181,12 +181,12 @@ class DemoController:
         return tuple(kw[name] if name in kw else gr.skip() for name in OUTPUTS)
 
     def preset_values(self, preset: str) -> list:
-        """Handler of the preset radio: the preset's values for every Advanced field."""
+        """Handler of the preset radio: the preset's value for every Advanced field, then the preset
+        itself (stored as the form's preset: edits are measured against it)."""
         preset = (preset or "").strip().lower()
         if preset not in config_form.PRESETS:
             raise gr.Error(f"Unknown 6Bit preset {preset!r}.", title="Invalid input")
-        vals = config_form.preset_values(self.config_cls, preset, self.specs)
-        return vals[0] if len(vals) == 1 else vals
+        return [*config_form.preset_values(self.config_cls, preset, self.specs), preset]
 
     def _upscale(self, width: int, height: int) -> int:
         return max(1, min(8, math.ceil(256 / min(width, height))))
@@ -244,7 +244,7 @@ class DemoController:
         return status_html("idle", "Nothing is running.")
 
     def generate(self, request: gr.Request, model_text, prompt, negative_prompt, seed, steps, frames, resolution,
-                 guidance, preset, *advanced):
+                 guidance, preset, form_preset, *advanced):
         """The Generate button: a generator of `OUTPUTS` tuples (see the module docstring)."""
         session = getattr(request, "session_hash", None) or "local"
         model_id = resolve_model_id(model_text, self.default_model, self.allow_hub)
@@ -257,7 +257,7 @@ class DemoController:
                            f"({type(e).__name__}: {e}).", title="Unknown model") from None
         params = validate_request(info.limits, prompt, negative_prompt, seed, steps, frames, resolution, guidance)
         preset = (preset or "").strip().lower()
-        over = config_form.overrides(self.config_cls, preset, self.specs, list(advanced))
+        over = config_form.overrides(self.config_cls, preset, self.specs, list(advanced), form_preset)
         config_form.build_config(self.config_cls, preset, over)  # validate now, before any work
 
         key = baseline_key(model_id, params)
@@ -278,6 +278,7 @@ class DemoController:
         )
         last_draw = 0.0
         trace = None
+        job = None
         try:
             job = self.job_fn(job_id=session, model_id=model_id, params=params, preset=preset, overrides=over,
                               need_baseline=cached is None)
@@ -340,6 +341,8 @@ class DemoController:
             # Reached on success, on error, and when Gradio closes the generator (Stop / tab closed):
             # the job sees the flag at its next step and unwinds (hooks removed, nothing cached).
             stop.set()
+            if job is not None and hasattr(job, "close"):
+                job.close()
             self.jobs.finish(session, stop)
             self._last.pop(session, None)
 

@@ -42,7 +42,7 @@ def theme() -> gr.themes.Base:
 def _default_resolution(info: ModelInfo, defaults: dict) -> tuple[list[str], str]:
     choices = info.limits.resolutions()
     w, h = defaults.get("width"), defaults.get("height")
-    value = f"{w}x{h}" if w and h else (choices[-1] if len(choices) > 2 else choices[0])
+    value = f"{w}x{h}" if w and h else choices[0]  # the model's default, else its native size
     if value not in choices:
         choices.append(value)
     return choices, value
@@ -78,6 +78,7 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
                                      value=float(defaults.get("guidance_scale", 6.0)))
                 preset = gr.Radio([(config_form.PRESET_LABELS[p], p) for p in config_form.PRESETS],
                                   value="balanced", label="6Bit preset", elem_id="preset")
+                form_preset = gr.State("balanced")  # the preset the Advanced fields were filled from
                 base_vals = config_form.preset_values(controller.config_cls, "balanced", controller.specs)
                 with gr.Accordion("Advanced — every 6Bit threshold", open=False, elem_id="advanced"):
                     adv = [config_form.make_component(s, v) for s, v in zip(controller.specs, base_vals)]
@@ -106,7 +107,7 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
                 comps["curves"] = gr.Plot(label="Γ and accumulated error", elem_id="plot-curves")
                 comps["trace_file"] = gr.File(label="trace.json (every decision of the 6Bit run)",
                                               interactive=False, elem_id="trace-file")
-        inputs = [model, prompt, negative, seed, steps, frames, resolution, guidance, preset, *adv]
+        inputs = [model, prompt, negative, seed, steps, frames, resolution, guidance, preset, form_preset, *adv]
         gen = generate_btn.click(
             controller.generate, inputs, [comps[n] for n in OUTPUTS], api_name="generate",
             concurrency_limit=1, concurrency_id="gpu", show_progress="minimal",
@@ -115,7 +116,7 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
         stop_btn.click(controller.stop, None, [comps["status"]], cancels=[gen], api_name="stop",
                        show_progress="hidden")
         if adv:
-            preset.change(controller.preset_values, [preset], adv, api_name="preset_values",
+            preset.change(controller.preset_values, [preset], [*adv, form_preset], api_name="preset_values",
                           show_progress="hidden")
     demo.sixbit_components = dict(comps, model=model, prompt=prompt, generate=generate_btn, stop=stop_btn)
     return demo
