@@ -1,1 +1,20 @@
-"""sixbit's Triton kernels (imported as ``sixbit_kernels``; see ``sixbit/_kernels.py``)."""
+"""sixbit's Triton kernels (imported as ``sixbit_kernels``; see ``sixbit/_kernels.py``).
+
+* ``ops``            — the public surface: ``pack_linear``, ``linear``, ``quantize_act``, ``compute_path``
+* ``hadamard_quant`` — fused block-Hadamard + NVFP4 / INT8 activation quantization (+ outlier count)
+* ``gemm_w4``        — NVFP4-weight GEMMs (W4A4, W4A8, W4A16), weights decoded in-kernel
+* ``gemm_w8a8``      — INT8 × INT8 GEMM on the int8 tensor cores
+* ``blackwell``      — native FP4 ``torch._scaled_mm`` path for capability ≥ 10 (unverified)
+
+Importing this package does not import triton; ``sixbit_kernels.ops`` does. See docs/KERNELS.md.
+"""
+
+import importlib as _importlib
+
+_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "blackwell")
+
+
+def __getattr__(name):  # lazy submodules: ``sixbit_kernels.ops`` without importing triton up front
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,195 @@
+"""Small pieces shared by the kernels: device checks, launch helpers and ``@triton.jit`` building blocks.
+
+Numerics notes that every kernel relies on (see ``sixbit/formats.py`` for the spec):
+
+* An E2M1 code ``c`` (sign bit 3, magnitude bits 0..2) placed as ``(c & 7) << 9 | (c & 8) << 12`` into the
+  bits of an IEEE half is exactly ``E2M1[c] * 2**-14`` (magnitude 1 lands in the half's subnormal range,
+  which mirrors E2M1's own subnormal). Multiplying that half by ``bs * 2**7`` (``bs`` an e4m3 block scale
+  in ``[2**-6, 448]``, so ``bs * 2**7`` in ``[2, 57344]`` is an exact half) gives ``E2M1[c] * bs * 2**-7``
+  exactly: at most 6 significant bits, smallest non-zero magnitude ``0.5 * 2**-6 * 2**-7 = 2**-14`` (the
+  smallest normal half), largest ``6 * 448 / 128 = 21``. The GEMMs multiply these exact halves on the
+  tensor cores (products exact in fp32) and put the missing ``2**7`` and the per-tensor scale into the
+  epilogue. (Block scales below ``2**-6`` — e4m3 subnormals — never come out of ``sixbit.formats``,
+  which clamps at ``E4M3_TINY``; they would lose bits here.)
+* The triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) multiplies bf16 ``tl.dot`` operands as raw
+  uint16 bit patterns; :func:`dot` therefore upcasts to fp32 there (bf16/fp16 products are exact in fp32,
+  so this is the same function up to the order of the fp32 sums).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+E2M1_HALF_SHIFT = 9  # magnitude bits of an E2M1 code go to bits 9..11 of an IEEE half
+SCALE_POW2 = 128.0  # decoded halves carry E2M1 * bs * 2**-7; the epilogue multiplies by 2**7
+
+
+def interpreting() -> bool:
+    """True when triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    try:
+        return bool(triton.knobs.runtime.interpret)
+    except AttributeError:  # older triton without knobs
+        return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def check_launchable(*tensors: torch.Tensor) -> bool:
+    """Raise unless the tensors can be handed to a triton kernel; returns whether the interpreter runs it."""
+    devs = {t.device.type for t in tensors if t is not None}
+    if len(devs) != 1:
+        raise ValueError(f"tensors on several device types: {sorted(devs)}")
+    dev = devs.pop()
+    if dev == "cuda":
+        if interpreting():
+            return True  # the interpreter also runs on CUDA tensors (copies through the host)
+        return False
+    if dev == "cpu":
+        if not interpreting():
+            raise RuntimeError(
+                "a triton kernel was asked to run on CPU tensors, which only works in triton's interpreter: "
+                "set TRITON_INTERPRET=1 before sixbit_kernels is first imported (or use backend='torch')"
+            )
+        return True
+    raise ValueError(f"triton kernels run on CUDA tensors (or CPU under TRITON_INTERPRET=1), got {dev}")
+
+
+def lowbit(n: int) -> int:
+    """Largest power of two dividing ``n`` (n > 0)."""
+    return n & -n
+
+
+def chunk_width(k: int, cap: int = 128) -> int:
+    """The K-chunk the activation kernels rotate at once: the largest power of two ≤ ``cap`` dividing K."""
+    return min(cap, lowbit(k))
+
+
+def gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+
+
+# ------------------------------------------------------------------------------------ jit helpers
+
+
+@triton.jit
+def dot(a, b, INTERP: tl.constexpr):
+    """fp32-accumulating dot; exact fp32 products for fp32 operands; interpreter-safe for bf16."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def hadamard_blockdiag(BK: tl.constexpr, HB: tl.constexpr, dtype: tl.constexpr):
+    """``[BK, BK]`` block-diagonal matrix of ``BK // HB`` unnormalised Sylvester-Hadamard blocks (±1, 0).
+
+    Entry ``(i, j)`` of ``H_HB`` is ``(-1) ** popcount(i & j)``: the recursive ``[[H, H], [H, -H]]``.
+    """
+    i = tl.arange(0, BK)[:, None]
+    j = tl.arange(0, BK)[None, :]
+    v = i & j & (HB - 1)
+    v = v ^ (v >> 4)
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    sign = 1 - 2 * (v & 1)
+    same = (i // HB) == (j // HB)
+    return tl.where(same, sign, 0).to(tl.float32).to(dtype)  # via fp32: the interpreter mis-converts int→bf16
+
+
+@triton.jit
+def rotate(x, BK: tl.constexpr, HB: tl.constexpr, INV_SQRT: tl.constexpr, INTERP: tl.constexpr):
+    """Block-Hadamard rotation of a ``[R, BK]`` tile along its last dim (fp32 result).
+
+    ``x @ blockdiag(±1)`` on the tensor cores (exact ±1 operands, fp32 accumulation), then one multiply by
+    ``fp32(1/sqrt(HB))``. The reference computes ``x @ (H / sqrt(HB))``; for HB = 16, 64 the factor is a
+    power of two and both are the same exact sum when no partial sum rounds; otherwise they can differ in
+    the last bit of fp32 (documented: rare ±1 code steps at rounding ties).
+    """
+    if HB == 0:
+        return x.to(tl.float32)
+    else:
+        if x.dtype == tl.float32:
+            h = hadamard_blockdiag(BK, HB, tl.float32)
+        else:
+            h = hadamard_blockdiag(BK, HB, x.dtype)
+        return dot(x, h, INTERP) * INV_SQRT
+
+
+@triton.jit
+def absbits(v):
+    """|v| as int32 bit patterns: a max over them is an exact amax that propagates NaN (> inf)."""
+    return v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def e4m3_round(v):
+    """fp32 ``v`` in [2**-6, 448] (or NaN) → (e4m3 byte as int32, the e4m3 value as fp32); RNE.
+
+    The clamp in the NVFP4 spec keeps ``v`` in e4m3's normal range, so rounding the fp32 mantissa to 3
+    bits (round to nearest, ties to even) is the conversion.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    r = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # & ~0xFFFFF
+    byte = (((r >> 23) & 0xFF) - 120) << 3 | ((r >> 20) & 7)
+    isnan = v != v
+    byte = tl.where(isnan, 0x7F, byte)
+    val = tl.where(isnan, v, r.to(tl.float32, bitcast=True))
+    return byte, val
+
+
+@triton.jit
+def e4m3_to_f32(u):
+    """e4m3 bytes (uint8/int tensor) → fp32 values (normals, subnormals, NaN)."""
+    b = u.to(tl.int32) & 0xFF
+    e = (b >> 3) & 0xF
+    m = b & 7
+    normal = (((b & 0x80) << 24) | ((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    sub = m.to(tl.float32) * 0.001953125  # 2**-9
+    sub = tl.where((b & 0x80) != 0, -sub, sub)
+    val = tl.where(e == 0, sub, normal)
+    return tl.where((b & 0x7F) == 0x7F, float("nan"), val)
+
+
+@triton.jit
+def e2m1_half(c):
+    """int16/int32 E2M1 codes → halves equal to ``E2M1[c] * 2**-14`` (exact; see module docstring)."""
+    bits = ((c & 7) << 9) | ((c & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def decode_nvfp4(packed, scales, R: tl.constexpr, BK: tl.constexpr, OUT: tl.constexpr):
+    """Decode an NVFP4 tile: ``packed`` uint8 ``[R, BK//2]``, ``scales`` uint8 (e4m3 bits) ``[R, BK//16]``
+    → ``[R, BK]`` of dtype OUT (fp16 or bf16) holding ``E2M1 * bs * 2**-7`` exactly."""
+    p = packed.to(tl.int16)
+    lo = p & 0xF
+    hi = (p >> 4) & 0xF
+    c = tl.reshape(tl.join(lo, hi), (R, BK))
+    v = e2m1_half(c)
+    s = (e4m3_to_f32(scales) * 128.0).to(tl.float16)
+    v = tl.reshape(tl.reshape(v, (R, BK // 16, 16)) * s[:, :, None], (R, BK))
+    return v.to(OUT)
+
+
+@triton.jit
+def rne_int(v):
+    """Round-half-to-even of fp32 ``|v| < 2**22`` (NaN stays NaN). Kernels using it are launched with
+    ``enable_fp_fusion=False`` so that no multiply feeding ``v`` is contracted into the add."""
+    return (v + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def cast_out(v, dtype: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 → output dtype, round to nearest even. The interpreter truncates fp32 → bf16, so there the
+    rounding is done on the bit pattern (the GPU's ``cvt.rn`` gives the same result)."""
+    if INTERP and dtype == tl.bfloat16:
+        bits = v.to(tl.int32, bitcast=True)
+        r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(dtype)

@@ -1,0 +1,248 @@
+"""GEMMs with NVFP4 weights, decoded in-kernel: W4A4, W4A8 and W4A16 (Hopper and the CPU interpreter).
+
+``y[M, N] = A[M, K] @ W[N, K]^T (+ bias)``. The weight operand is the packed NVFP4 tensor as
+``sixbit.formats`` lays it out (``data [N, K/2]`` uint8, two codes per byte; ``scales [N, K/16]`` e4m3;
+an fp32 tensor scale). Each K-step decodes a ``[BLOCK_N, BLOCK_K]`` weight tile to exact halves
+``E2M1 * bs * 2**-7`` (see ``_common``; no LUT: bit placement + one multiply per element) and runs a
+16-bit ``tl.dot`` with fp32 accumulation. The activation operand, by ``A_MODE``:
+
+* ``A_DENSE`` (0): a 16-bit tensor used as is — unrotated bf16/fp16 activations (W4A16), INT8 codes
+  carried as exact fp16 integers (W4A8), or NVFP4 values carried as exact fp16 ``E2M1 * bs * 2**-7``
+  (W4A4; what ``quantize_nvfp4_act(..., dense=True)`` writes). Hopper has no FP4 tensor cores, so carrying
+  the already-quantized activations in 16 bits costs bandwidth but no accuracy and saves the per-tile
+  decode of A (measured in ``benchmarks/kernels.py``).
+* ``A_SPLIT`` (1): a bf16 pair ``hi + lo`` (the fp32 rotated activations of W4A16 with a Hadamard, or fp32
+  inputs), two dots; the pair keeps ~16 significant bits so the product stays within fp32-accumulation
+  tolerance of the reference.
+* ``A_NVFP4`` (2): packed NVFP4 activations, decoded in-kernel like the weights (true 4-bit operand).
+* ``A_INT8`` (3): INT8 codes, converted in-kernel to fp16 (exact).
+
+Epilogue: ``acc * 2**7 * s_w`` (weight tensor scale), times ``2**7 * s_a`` (NVFP4 activations) or the
+per-token scale (INT8 activations), plus bias, cast to the output dtype. Never ``tl.dot_scaled``: on
+sm_90 it is emulated (0.33x of a bf16 dot, FACTS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
+
+from ._common import cast_out, check_launchable, decode_nvfp4, dot
+
+A_DENSE, A_SPLIT, A_NVFP4, A_INT8 = 0, 1, 2, 3
+
+
+@dataclass
+class DenseAct:
+    """Quantized activations carried as exact 16-bit values (the Hopper GEMM operand format).
+
+    ``fmt == "nvfp4"``: ``values`` = ``E2M1 * block_scale * 2**-7`` (fp16), real value = ``values * 2**7 *
+    tensor_scale``. ``fmt == "int8"``: ``values`` = the INT8 codes as fp16, real value = ``values *
+    row_scale``. Bit-for-bit the same numbers as the packed :class:`NVFP4Tensor` / :class:`Int8Tensor`.
+    """
+
+    values: torch.Tensor
+    fmt: str
+    tensor_scale: torch.Tensor | None = None
+    row_scale: torch.Tensor | None = None
+    block_scales: torch.Tensor | None = None
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.fmt == "nvfp4":
+            return (self.values.float() * (128.0 * self.tensor_scale.float())).to(dtype)
+        return (self.values.float() * self.row_scale.float()).to(dtype)
+
+
+@triton.jit
+def _gemm_w4_kernel(
+    a_ptr, a2_ptr, as_ptr, w_ptr, ws_ptr, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+    M, N, K, stride_am, stride_om,
+    A_MODE: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    OP: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    gid = pid // group
+    first_m = gid * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % group) % gsize)
+    pid_n = (pid % group) // gsize
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)  # clamped rows: loads stay in bounds, the store is masked
+    rn = (offs_n % N).to(tl.int64)
+    KH = K // 2
+    KS = K // 16
+    kb = tl.arange(0, BLOCK_K)
+    kh = tl.arange(0, BLOCK_K // 2)
+    ks = tl.arange(0, BLOCK_K // 16)
+
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    for k0 in range(0, K, BLOCK_K):
+        # ---- weight tile, decoded
+        w_off = rn[:, None] * KH + (k0 // 2 + kh)[None, :]
+        s_off = rn[:, None] * KS + (k0 // 16 + ks)[None, :]
+        if EVEN_K:
+            wp = tl.load(w_ptr + w_off)
+            wsc = tl.load(ws_ptr + s_off)
+        else:
+            wp = tl.load(w_ptr + w_off, mask=(k0 // 2 + kh)[None, :] < KH, other=0)
+            wsc = tl.load(ws_ptr + s_off, mask=(k0 // 16 + ks)[None, :] < KS, other=0)
+        w = decode_nvfp4(wp, wsc, BLOCK_N, BLOCK_K, OP)  # [BN, BK]
+
+        # ---- activation tile
+        a_off = rm[:, None] * stride_am + (k0 + kb)[None, :]
+        kmask = (k0 + kb)[None, :] < K
+        if A_MODE == 2:
+            ap_off = rm[:, None] * KH + (k0 // 2 + kh)[None, :]
+            as_off = rm[:, None] * KS + (k0 // 16 + ks)[None, :]
+            if EVEN_K:
+                ap = tl.load(a_ptr + ap_off)
+                asc = tl.load(as_ptr + as_off)
+            else:
+                ap = tl.load(a_ptr + ap_off, mask=(k0 // 2 + kh)[None, :] < KH, other=0)
+                asc = tl.load(as_ptr + as_off, mask=(k0 // 16 + ks)[None, :] < KS, other=0)
+            a = decode_nvfp4(ap, asc, BLOCK_M, BLOCK_K, OP)
+        else:
+            if EVEN_K:
+                a = tl.load(a_ptr + a_off)
+            else:
+                a = tl.load(a_ptr + a_off, mask=kmask, other=0)
+            a = a.to(OP)
+
+        if SWAP:
+            acc += dot(w, tl.trans(a), INTERP)
+        else:
+            acc += dot(a, tl.trans(w), INTERP)
+        if A_MODE == 1:
+            if EVEN_K:
+                a2 = tl.load(a2_ptr + a_off)
+            else:
+                a2 = tl.load(a2_ptr + a_off, mask=kmask, other=0)
+            a2 = a2.to(OP)
+            if SWAP:
+                acc += dot(w, tl.trans(a2), INTERP)
+            else:
+                acc += dot(a2, tl.trans(w), INTERP)
+
+    if SWAP:
+        acc = tl.trans(acc)
+    alpha = tl.load(wts_ptr) * 128.0
+    if A_TS:
+        alpha = alpha * (tl.load(ats_ptr) * 128.0)
+    acc = acc * alpha
+    if ROW_SCALE:
+        acc = acc * tl.load(rs_ptr + rm)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
+
+
+#: default tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SWAP) per A mode on
+#: CUDA; picked by benchmarks/kernels.py on the H200 (see docs/KERNELS.md), interpreter uses small tiles.
+CUDA_CONFIGS = {
+    A_DENSE: (128, 256, 64, 8, 8, 3, False),
+    A_SPLIT: (128, 128, 64, 8, 8, 3, False),
+    A_NVFP4: (128, 128, 64, 8, 8, 3, False),
+    A_INT8: (128, 256, 64, 8, 8, 3, False),
+}
+INTERP_CONFIG = (32, 32, 32, 4, 4, 1, False)
+
+
+def _weight_parts(w: NVFP4Tensor):
+    if w.data.dtype != torch.uint8 or w.scales.dtype != torch.float8_e4m3fn:
+        raise TypeError("weights must be a packed NVFP4Tensor (uint8 codes, float8_e4m3fn scales)")
+    return w.data.contiguous(), w.scales.contiguous().view(torch.uint8), w.tensor_scale.float().reshape(1)
+
+
+def gemm_w4(
+    a,
+    w: NVFP4Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    config: tuple | None = None,
+) -> torch.Tensor:
+    """``A @ dequant(W)^T + bias`` with W packed NVFP4 ``[N, K]``.
+
+    ``a`` is one of: :class:`NVFP4Tensor` (W4A4, decoded in-kernel), :class:`Int8Tensor` (W4A8),
+    :class:`DenseAct` (W4A4/W4A8 with the activations carried as exact halves), a bf16/fp16 tensor
+    (W4A16, unrotated), or a ``(hi, lo)`` bf16 pair (W4A16 on fp32-precision activations, e.g. rotated).
+    """
+    wd, ws, wts = _weight_parts(w)
+    N, K = wd.shape[0], wd.shape[1] * 2
+    a_ts = row_scale = a2 = a_sc = None
+    op = tl.float16
+    if isinstance(a, NVFP4Tensor):
+        mode, a1 = A_NVFP4, a.data.contiguous()
+        a_sc = a.scales.contiguous().view(torch.uint8)
+        a_ts = a.tensor_scale.float().reshape(1)
+        M = a1.shape[0]
+    elif isinstance(a, Int8Tensor):
+        mode, a1 = A_INT8, a.data.contiguous()
+        row_scale = a.scale.float().reshape(-1).contiguous()
+        M = a1.shape[0]
+    elif isinstance(a, DenseAct):
+        mode, a1 = A_DENSE, a.values.contiguous()
+        if a.fmt == "nvfp4":
+            a_ts = a.tensor_scale.float().reshape(1)
+        else:
+            row_scale = a.row_scale.float().reshape(-1).contiguous()
+        M = a1.shape[0]
+    elif isinstance(a, tuple):
+        mode, a1, a2 = A_SPLIT, a[0].contiguous(), a[1].contiguous()
+        op = tl.bfloat16
+        M = a1.shape[0]
+    elif isinstance(a, torch.Tensor):
+        if a.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError("a plain activation tensor must be bf16/fp16 (pass a (hi, lo) pair for fp32)")
+        mode, a1 = A_DENSE, a.contiguous()
+        op = tl.bfloat16 if a.dtype == torch.bfloat16 else tl.float16
+        M = a1.shape[0]
+    else:
+        raise TypeError(f"unsupported activation operand {type(a).__name__}")
+    ka = a1.shape[1] * (2 if mode == A_NVFP4 else 1)
+    if ka != K:
+        raise ValueError(f"activation K={ka} does not match the weight's K={K}")
+    if K % FP4_BLOCK:
+        raise ValueError(f"K={K} must be a multiple of {FP4_BLOCK}")
+    interp = check_launchable(a1, wd)
+    out = torch.empty((M, N), dtype=out_dtype, device=a1.device)
+    if M == 0:
+        return out
+    cfg = config or (INTERP_CONFIG if interp else CUDA_CONFIGS[mode])
+    bm, bn, bk, gm, nw, ns, swap = cfg
+    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    dummy = wts
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _gemm_w4_kernel[grid](
+        a1, a2 if a2 is not None else a1, a_sc if a_sc is not None else wd, wd, ws, wts,
+        a_ts if a_ts is not None else dummy, row_scale if row_scale is not None else dummy,
+        bias if bias is not None else dummy, out,
+        M, N, K, a1.stride(0), out.stride(0),
+        A_MODE=mode, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+        OP=op, SWAP=swap, EVEN_K=(K % bk == 0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
+    )
+    return out
+
+
+def dequantize_nvfp4_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Reference helper for tests/benchmarks: the weight the GEMM multiplies, in fp32 → dtype."""
+    return w.dequantize(dtype)

@@ -1,0 +1,108 @@
+"""W8A8: INT8 weights × INT8 activations on the int8 tensor cores (the Hopper speed path).
+
+``y[M, N] = (qa[M, K] @ qw[N, K]^T) * sa[m] * sw[n] (+ bias)``: int32 accumulation (exact: K * 127**2
+stays below 2**31 for K < 133,000), one fp32 rescale in the epilogue. Weights are per-output-channel INT8
+(``formats.quantize_int8`` on the Hadamard-folded weight), activations per-token INT8 (the fused quantize
+kernel). Both operands are K-major (``[rows, K]`` row-major), the layout Hopper's int8 ``wgmma`` wants.
+
+FACTS.md: cuBLAS int8 through ``torch._int_mm`` is no faster than bf16 on the H200, a plain Triton int8
+GEMM (128x256x128 tiles, 3 stages, 8 warps) reached 1.47-1.6x bf16 — hence this kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sixbit.formats import Int8Tensor
+
+from ._common import cast_out, check_launchable
+
+
+@triton.jit
+def _gemm_w8a8_kernel(
+    a_ptr, w_ptr, sa_ptr, sw_ptr, bias_ptr, out_ptr,
+    M, N, K, stride_am, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    gid = pid // group
+    first_m = gid * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % group) % gsize)
+    pid_n = (pid % group) // gsize
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    kb = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None] * stride_am + kb[None, :]
+    w_ptrs = w_ptr + rn[None, :] * stride_wn + kb[:, None]  # [BK, BN] view of the K-major weight
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(k0 + kb)[None, :] < K, other=0)
+            w = tl.load(w_ptrs, mask=(k0 + kb)[:, None] < K, other=0)
+        acc += tl.dot(a, w)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    sa = tl.load(sa_ptr + rm)
+    sw = tl.load(sw_ptr + rn)
+    y = acc.to(tl.float32) * sa[:, None] * sw[None, :]
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + o_off, cast_out(y, out_ptr.dtype.element_ty, INTERP), mask=omask)
+
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages); benchmarks/kernels.py picked it on the H200
+CUDA_CONFIG = (128, 256, 128, 8, 8, 3)
+INTERP_CONFIG = (32, 32, 32, 4, 4, 1)
+
+
+def gemm_w8a8(
+    a: Int8Tensor,
+    w: Int8Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    config: tuple | None = None,
+) -> torch.Tensor:
+    """``dequant(a) @ dequant(w)^T + bias`` for per-token INT8 ``a [M, K]`` and per-channel INT8 ``w [N, K]``."""
+    qa, qw = a.data, w.data
+    if qa.dtype != torch.int8 or qw.dtype != torch.int8:
+        raise TypeError("gemm_w8a8 needs int8 codes for both operands")
+    M, K = qa.shape
+    N, Kw = qw.shape
+    if Kw != K:
+        raise ValueError(f"activation K={K} does not match the weight's K={Kw}")
+    qa = qa.contiguous()
+    qw = qw.contiguous()
+    sa = a.scale.float().reshape(-1).contiguous()
+    sw = w.scale.float().reshape(-1).contiguous()
+    interp = check_launchable(qa, qw)
+    out = torch.empty((M, N), dtype=out_dtype, device=qa.device)
+    if M == 0:
+        return out
+    bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else CUDA_CONFIG)
+    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _gemm_w8a8_kernel[grid](
+        qa, qw, sa, sw, bias if bias is not None else sa, out,
+        M, N, K, qa.stride(0), qw.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=(K % bk == 0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
+    )
+    return out

@@ -1,0 +1,319 @@
+"""Fused activation quantization: block Hadamard → NVFP4 or INT8, with the PDR outlier count.
+
+Two kernels, both reading the activations once per pass and never writing the rotated tensor:
+
+``_rows_kernel`` (token-resident). A program owns ``TOK`` whole tokens (rows of ``x [M, K]``). It loads
+them as one ``[TOK * NCH, BK]`` register tile — row ``i`` is chunk ``i % NCH`` of token ``i // NCH``, K is
+cut into ``NCH`` chunks of ``BK`` columns (``NCH`` padded to a power of two, padding masked) — rotates the
+tile with one tensor-core dot against a block-diagonal ±1 matrix, and then has every token's full row in
+registers: per-token amax (INT8 scale) and per-token RMS (outlier threshold) need no second read. Modes:
+
+* ``INT8``  → INT8 codes + per-token scale (``formats.quantize_int8`` of the rotated rows).
+* ``AMAX``  → the NVFP4 pre-pass: global amax of the rotated tensor (``tl.atomic_max`` on the int32 bit
+  pattern of |x|, which orders non-negative floats exactly and makes NaN win over inf, as torch's amax).
+* ``SPLIT`` → the rotated rows as a bf16 pair ``hi + lo`` (≈16 significant bits) for the W4A16 GEMM.
+* ``STATS`` → only the outlier count.
+
+Every mode can also count outliers (``|x| > k_sigma * rms(token)`` on the *un-rotated* row, exactly
+``formats.outlier_count``) and add the program's count to one int32 counter with ``tl.atomic_add``.
+
+``_nvfp4_kernel`` (tiles). NVFP4's per-tensor scale needs the global amax before any code is written, so
+NVFP4 is a pre-pass (``_rows_kernel`` in ``AMAX`` mode, which also counts outliers) followed by this
+kernel: tiles of the contiguous view ``x.view(M * K / BK, BK)``, rotate, 16-element block amax, e4m3 block
+scale, E2M1 codes, two codes per byte. Its second read of ``x`` is the price of the per-tensor scale.
+
+Bit-exactness. Given the same rotated input (``hadamard_block=None`` on ``block_hadamard(x)``), codes and
+scales equal ``sixbit.formats`` bit for bit: the same fp32 operations in the same order (IEEE divisions via
+``div_rn``, e4m3 rounding by integer RNE on the fp32 mantissa, ties-to-even thresholds, magic-number RNE
+for INT8, fp-contraction off). With the rotation fused, the rotated values can differ from the reference's
+``x @ (H / sqrt(b))`` in the last fp32 bit (different summation order; for b = 32, 128 the 1/sqrt(b) factor
+is applied after the sum): then a code can flip by one step where a value sits on a rounding tie — rare
+(tests bound the rate) and never more than one step. When every partial sum is exact (e.g. bf16 inputs of
+moderate dynamic range, b = 16 or 64) the fused result is bit-exact too (tested).
+
+Non-finite input follows the spec's ``check_finite=False`` behaviour: NaN scale for every INT8 row with a
+NaN/Inf; for NVFP4 one non-finite value makes the tensor scale non-finite and every block scale NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from sixbit.formats import E4M3_MAX, E4M3_TINY, F4_MAX, FP4_BLOCK, Int8Tensor, NVFP4Tensor
+
+from ._common import (
+    absbits,
+    check_launchable,
+    chunk_width,
+    dot,
+    e2m1_half,
+    e4m3_round,
+    rne_int,
+    rotate,
+)
+
+MODE_INT8, MODE_AMAX, MODE_SPLIT, MODE_STATS = 0, 1, 2, 3
+#: rows of the token-resident register tile (TOK * NCH); 128 keeps ≤ 16K fp32 values per program
+ROWS_TILE = 128
+#: the token-resident kernel holds whole rows: K / BK chunks must fit in ROWS_TILE rows (K ≤ 16384 at BK 128)
+MAX_CHUNKS = ROWS_TILE
+
+
+def _inv_sqrt(b: int) -> float:
+    return float(torch.tensor(1.0 / math.sqrt(b), dtype=torch.float64).float()) if b else 1.0
+
+
+# ------------------------------------------------------------------------------- token-resident kernel
+
+
+@triton.jit
+def _rows_kernel(
+    x_ptr, q_ptr, q2_ptr, scale_ptr, amax_ptr, count_ptr,
+    M, K, stride_xm, stride_qm, k_sigma,
+    MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr,
+    HB: tl.constexpr, INV_SQRT: tl.constexpr,
+    TOK: tl.constexpr, NCH: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    R: tl.constexpr = TOK * NCH
+    i = tl.arange(0, R)
+    tok = pid * TOK + i // NCH
+    ch = i % NCH
+    col = tl.arange(0, BK)
+    kk = ch[:, None] * BK + col[None, :]
+    valid = (tok[:, None] < M) & (kk < K)
+    tok64 = tok.to(tl.int64)
+    x = tl.load(x_ptr + tok64[:, None] * stride_xm + kk, mask=valid, other=0.0)
+    r = rotate(x, BK, HB, INV_SQRT, INTERP)  # fp32 [R, BK]
+
+    if OUTLIERS:
+        xf = tl.reshape(x.to(tl.float32), (TOK, NCH, BK))
+        sumsq = tl.sum(tl.sum(xf * xf, axis=2), axis=1)  # [TOK]
+        rms = tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32)))
+        thr = k_sigma * rms
+        hits = tl.abs(xf) > thr[:, None, None]
+        n = tl.sum(tl.sum(tl.sum(hits.to(tl.int32), axis=2), axis=1), axis=0)
+        tl.atomic_add(count_ptr, n)
+
+    if MODE == 0:  # INT8 per token
+        r3 = tl.reshape(r, (TOK, NCH, BK))
+        amax_bits = tl.max(tl.max(absbits(r3), axis=2), axis=1)  # [TOK]
+        amax = amax_bits.to(tl.float32, bitcast=True)
+        amax_safe = tl.where(amax == 0.0, 127.0, amax)
+        # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
+        inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
+        scale = tl.math.div_rn(amax_safe, 127.0)
+        scale = tl.where(amax_bits < 0x7F800000, scale, float("nan"))
+        q = rne_int(r3 * inv[:, None, None])
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        q = tl.where(q == q, q, 0.0)
+        q = tl.reshape(q, (R, BK))
+        if DENSE:
+            tl.store(q_ptr + tok64[:, None] * stride_qm + kk, q.to(tl.float16), mask=valid)
+        else:
+            tl.store(q_ptr + tok64[:, None] * stride_qm + kk, q.to(tl.int8), mask=valid)
+        t1 = pid * TOK + tl.arange(0, TOK)
+        tl.store(scale_ptr + t1, scale, mask=t1 < M)
+    elif MODE == 1:  # NVFP4 pre-pass: global amax of the rotated tensor
+        m = tl.max(tl.max(absbits(r), axis=1), axis=0)
+        tl.atomic_max(amax_ptr, m)
+    elif MODE == 2:  # rotated rows as a bf16 hi/lo pair
+        hi = r.to(tl.bfloat16)
+        lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
+        tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
+        tl.store(q2_ptr + tok64[:, None] * stride_qm + kk, lo, mask=valid)
+
+
+# ---------------------------------------------------------------------------------------- NVFP4 tiles
+
+
+@triton.jit
+def _nvfp4_kernel(
+    x_ptr, data_ptr, scales_ptr, ts_ptr, amax_ptr, dense_ptr,
+    MR, BLOCK_R: tl.constexpr, BK: tl.constexpr,
+    HB: tl.constexpr, INV_SQRT: tl.constexpr, DENSE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """Rows of the view ``x.view(MR, BK)`` → NVFP4 codes ``[MR, BK/2]`` and e4m3 scales ``[MR, BK/16]``."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < MR
+    rows64 = rows.to(tl.int64)
+    col = tl.arange(0, BK)
+    x = tl.load(x_ptr + rows64[:, None] * BK + col[None, :], mask=rmask[:, None], other=0.0)
+    r = rotate(x, BK, HB, INV_SQRT, INTERP)
+
+    # per-tensor decode scale s = amax / (6 * 448); an all-zero tensor keeps s = 1
+    amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
+    s = tl.math.div_rn(amax, 2688.0)
+    s = tl.where(s == 0.0, 1.0, s)
+    if pid == 0:
+        tl.store(ts_ptr, s)
+
+    NB: tl.constexpr = BK // 16
+    r3 = tl.reshape(r, (BLOCK_R, NB, 16))
+    blk_bits = tl.max(absbits(r3), axis=2)
+    amax_blk = blk_bits.to(tl.float32, bitcast=True)
+    bsc = tl.math.div_rn(tl.math.div_rn(amax_blk, 6.0), s)
+    bsc = tl.where(bsc < 0.015625, 0.015625, bsc)  # clamp(min=E4M3_TINY): NaN stays NaN
+    bsc = tl.where(bsc > 448.0, 448.0, bsc)
+    byte, bs32 = e4m3_round(bsc)
+    bad = blk_bits >= 0x7F800000  # block holds NaN/Inf → NaN scale (check_finite=False behaviour)
+    byte = tl.where(bad, 0x7F, byte)
+    bs32 = tl.where(bad, float("nan"), bs32)
+    recip = tl.math.div_rn(tl.math.div_rn(tl.full(bs32.shape, 1.0, tl.float32), s), bs32)
+    v = r3 * recip[:, :, None]
+    a = tl.abs(v)
+    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+           + (a > 5.0).to(tl.int32))
+    code = mag | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
+    code = tl.reshape(code, (BLOCK_R, BK))
+
+    if DENSE:
+        # E2M1 * bs * 2**-7 as exact halves (the GEMM's operand format); s and 2**7 go to the epilogue
+        half = e2m1_half(code)
+        val = tl.reshape(half.to(tl.float32), (BLOCK_R, NB, 16)) * (bs32 * 128.0)[:, :, None]
+        tl.store(dense_ptr + rows64[:, None] * BK + col[None, :], tl.reshape(val, (BLOCK_R, BK)).to(tl.float16),
+                 mask=rmask[:, None])
+    else:
+        lo, hi = tl.split(tl.reshape(code, (BLOCK_R, BK // 2, 2)))
+        packed = (lo | (hi << 4)).to(tl.uint8)
+        ch = tl.arange(0, BK // 2)
+        tl.store(data_ptr + rows64[:, None] * (BK // 2) + ch[None, :], packed, mask=rmask[:, None])
+    sb = tl.arange(0, NB)
+    tl.store(scales_ptr + rows64[:, None] * NB + sb[None, :], byte.to(tl.uint8), mask=rmask[:, None])
+
+
+# ------------------------------------------------------------------------------------------- wrappers
+
+
+def _prep(x2d: torch.Tensor, hadamard_block: int | None):
+    if x2d.dim() != 2:
+        raise ValueError(f"expected a 2-d activation [M, K], got shape {tuple(x2d.shape)}")
+    if x2d.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"activations must be bf16, fp16 or fp32, got {x2d.dtype}")
+    M, K = x2d.shape
+    hb = int(hadamard_block or 0)
+    if hb:
+        if hb < 2 or hb & (hb - 1) or K % hb:
+            raise ValueError(f"Hadamard block {hb} must be a power of two >= 2 dividing K={K}")
+        if hb > 128:
+            raise ValueError(f"the Triton kernels rotate blocks of at most 128, got {hb}")
+    bk = chunk_width(K)
+    if bk < 16:
+        raise ValueError(f"K={K} must be a multiple of 16")
+    nchr = K // bk
+    if nchr > MAX_CHUNKS:
+        raise ValueError(f"K={K}: the token-resident kernels hold at most {MAX_CHUNKS} chunks of {bk} columns")
+    interp = check_launchable(x2d)
+    return x2d.contiguous(), M, K, hb, bk, nchr, interp
+
+
+def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, q2=None, scale=None, amax=None,
+                 k_sigma=None, dense=False, rows_tile=ROWS_TILE, num_warps=None):
+    nch = triton.next_power_of_2(nchr)
+    tok = max(1, rows_tile // nch)
+    count = torch.zeros((), dtype=torch.int32, device=x.device) if k_sigma is not None else None
+    dummy = x
+    grid = (triton.cdiv(M, tok),)
+    nw = num_warps or (4 if tok * nch * bk <= 8192 else 8)
+    stride_q = q.stride(0) if q is not None else 0
+    _rows_kernel[grid](
+        x, q if q is not None else dummy, q2 if q2 is not None else dummy,
+        scale if scale is not None else dummy, amax if amax is not None else dummy,
+        count if count is not None else dummy,
+        M, K, x.stride(0), stride_q, float(k_sigma) if k_sigma is not None else 0.0,
+        MODE=mode, DENSE=dense, OUTLIERS=k_sigma is not None, HB=hb, INV_SQRT=_inv_sqrt(hb),
+        TOK=tok, NCH=nch, BK=bk, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
+    )
+    return count
+
+
+def quantize_int8_act(
+    x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *, dense: bool = False
+):
+    """Fused ``block_hadamard`` + per-token INT8 (+ outlier count) in one read of ``x2d [M, K]``.
+
+    Returns ``(Int8Tensor(codes [M, K] int8, scale [M, 1] fp32), count or None)``. With ``dense=True``
+    the codes come back as fp16 (exact integers), the operand format of the Hopper W4A8 GEMM.
+    """
+    x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
+    q = torch.empty((M, K), dtype=torch.float16 if dense else torch.int8, device=x.device)
+    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=dense)
+    return Int8Tensor(q, scale, x2d.dtype), count
+
+
+def nvfp4_amax(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None):
+    """The NVFP4 pre-pass: (int32 bit pattern of amax(|block_hadamard(x)|) as a 1-element tensor, count)."""
+    x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
+    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma)
+    return amax, count
+
+
+def quantize_nvfp4_act(
+    x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
+    dense: bool = False, block_rows: int = 64,
+):
+    """Fused ``block_hadamard`` + NVFP4 with the per-tensor scale of the rotated tensor (+ outlier count).
+
+    Two launches: the amax pre-pass (which also counts outliers), then the quantize pass. Returns
+    ``(NVFP4Tensor, count or None)``. With ``dense=True`` the first element is instead
+    ``(values fp16 [M, K] = E2M1 * bs * 2**-7 exactly, block scales, tensor scale)`` — the operand format
+    of the Hopper GEMM, see ``gemm_w4``.
+    """
+    x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
+    amax = torch.zeros(1, dtype=torch.int32, device=x.device)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma)
+    mr = M * nchr
+    ts = torch.empty((), dtype=torch.float32, device=x.device)
+    scales = torch.empty((M, K // FP4_BLOCK), dtype=torch.uint8, device=x.device)
+    if dense:
+        vals = torch.empty((M, K), dtype=torch.float16, device=x.device)
+        data = scales  # unused
+    else:
+        data = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
+        vals = scales  # unused
+    grid = (triton.cdiv(mr, block_rows),)
+    _nvfp4_kernel[grid](
+        x, data, scales, ts, amax, vals, mr, BLOCK_R=block_rows, BK=bk, HB=hb, INV_SQRT=_inv_sqrt(hb),
+        DENSE=dense, INTERP=interp, num_warps=4, enable_fp_fusion=False,
+    )
+    if dense:
+        return (vals, scales.view(torch.float8_e4m3fn), ts), count
+    return NVFP4Tensor(data, scales.view(torch.float8_e4m3fn), ts, x2d.dtype), count
+
+
+def rotate_split(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None):
+    """``block_hadamard(x)`` (fp32 math) returned as a bf16 pair ``(hi, lo)`` with ``hi + lo`` within
+    ~2**-17 relative of the fp32 rotation — the activation operand of the W4A16 GEMM — plus the count."""
+    x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
+    hi = torch.empty((M, K), dtype=torch.bfloat16, device=x.device)
+    lo = torch.empty((M, K), dtype=torch.bfloat16, device=x.device)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_SPLIT, q=hi, q2=lo, k_sigma=k_sigma)
+    return (hi, lo), count
+
+
+def outlier_count(x2d: torch.Tensor, k_sigma: float):
+    """``formats.outlier_count(x2d, k_sigma)[0]`` in one read of ``x2d`` (int32 0-d tensor)."""
+    x, M, K, hb, bk, nchr, interp = _prep(x2d, None)
+    return _rows_launch(x, M, K, 0, bk, nchr, interp, MODE_STATS, k_sigma=k_sigma)
+
+
+__all__ = [
+    "quantize_int8_act",
+    "quantize_nvfp4_act",
+    "nvfp4_amax",
+    "rotate_split",
+    "outlier_count",
+    "E4M3_MAX",
+    "E4M3_TINY",
+    "F4_MAX",
+]
+
+_ = dot  # re-exported helper (kept importable for tests)

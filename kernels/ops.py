@@ -1,0 +1,288 @@
+"""The kernels' public surface: packed linear weights and one ``linear`` per route.
+
+Contract (the engine, ``sixbit/linear.py``, codes against this):
+
+``pack_linear(weight [N, K], bias, formats=("nvfp4",) | ("nvfp4", "int8"), hadamard_block=None)``
+    Offline preparation: fold the block Hadamard into the weight (``formats.fold_hadamard``) and quantize
+    it (``formats.quantize_weight``). Returns a :class:`PackedLinear` that keeps only packed codes, scales
+    and the bias resident; ``.nbytes`` is the exact byte count. The kernels read ``sixbit.formats``'
+    layouts directly (NVFP4 ``data [N, K/2]`` + ``scales [N, K/16]`` + fp32 tensor scale; INT8 ``[N, K]`` +
+    ``[N, 1]`` scales), so no second copy in another layout is ever held.
+
+``linear(x [..., K], packed, route, *, k_sigma=None, backend="auto") -> (y [..., N] in x.dtype, count)``
+    ``route`` in ``"nvfp4"`` (W4A4), ``"int8"`` (W4A8: NVFP4 weights, per-token INT8 activations),
+    ``"w8a8"`` (needs ``"int8"`` in ``formats``), ``"w4a16"`` (unquantized activations × NVFP4 weights).
+    Numerics: ``formats.reference_linear`` of the same route. With ``k_sigma``, ``count`` is the number of
+    outliers of ``x`` (``formats.outlier_count``: ``|x| > k_sigma * rms(token)``, un-rotated input) as an
+    int64 0-d tensor, computed inside the activation-quantization pass; else ``None``.
+    ``backend``: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` (forced; on CPU it
+    needs ``TRITON_INTERPRET=1`` before this package is imported), ``"torch"`` (the reference).
+
+``compute_path(device) -> "cpu-reference" | "cuda-reference" | "hopper-triton" | "blackwell-native (unverified)"``
+    What ``backend="auto"`` runs on that device. sm_90 runs the Triton kernels. Capability ≥ 10 runs
+    the nvfp4 route through native FP4 ``torch._scaled_mm`` (never run here: unverified) and the other
+    routes through the same Triton kernels. Other CUDA GPUs (and no Triton) use the torch reference.
+
+``quantize_act(x2d, fmt, hadamard_block, k_sigma=None, backend="auto") -> (NVFP4Tensor | Int8Tensor, count)``
+    The fused Hadamard + quantize (+ outlier count) on its own; ``fmt`` is ``"nvfp4"`` or ``"int8"``.
+
+GEMM entry points (usable on their own): :func:`gemm_w4` (NVFP4 weights × NVFP4 / INT8 / dense 16-bit
+activations), :func:`gemm_w8a8`, :func:`scaled_mm_nvfp4` (Blackwell, unverified).
+
+Hopper detail. The W4A4 and W4A8 routes quantize the activations to exactly the NVFP4 / INT8 values of the
+spec, but on sm_90 (no FP4 tensor cores) ``linear`` hands them to the GEMM as exact fp16 values
+(``DenseAct``) rather than packed 4-bit codes when :data:`HOPPER_DENSE_ACTIVATIONS` is true: same numbers,
+no per-tile decode of A. Both forms are implemented and benchmarked (``benchmarks/kernels.py``); the flag
+holds the faster one measured on the H200. The packed form is what ``quantize_act`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sixbit import formats as F
+
+from . import blackwell
+
+try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" works
+    from .gemm_w4 import DenseAct, gemm_w4
+    from .gemm_w8a8 import gemm_w8a8
+    from .hadamard_quant import outlier_count as _outlier_count_kernel
+    from .hadamard_quant import quantize_int8_act, quantize_nvfp4_act, rotate_split
+
+    HAVE_TRITON = True
+except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
+    HAVE_TRITON = False
+    _TRITON_ERROR = _e
+
+__all__ = [
+    "PackedLinear",
+    "pack_linear",
+    "linear",
+    "quantize_act",
+    "compute_path",
+    "gemm_w4",
+    "gemm_w8a8",
+    "scaled_mm_nvfp4",
+    "DenseAct",
+    "LINEAR_ROUTES",
+    "WEIGHT_FORMAT",
+    "HOPPER_DENSE_ACTIVATIONS",
+]
+
+#: routes ``linear`` serves, and the weight format each needs
+LINEAR_ROUTES = ("nvfp4", "int8", "w8a8", "w4a16")
+WEIGHT_FORMAT = {"nvfp4": "nvfp4", "int8": "nvfp4", "w8a8": "int8", "w4a16": "nvfp4"}
+#: on sm_90, feed W4A4/W4A8 GEMMs the quantized activations as exact fp16 (see module docstring)
+HOPPER_DENSE_ACTIVATIONS = True
+
+scaled_mm_nvfp4 = blackwell.scaled_mm_nvfp4
+
+
+# ---------------------------------------------------------------------------------------- weights
+
+
+@dataclass
+class PackedLinear:
+    """Packed weights of one linear layer (rotated by the block Hadamard when ``hadamard_block`` is set).
+
+    ``w4``: NVFP4 (4.5 bits/weight + 4 bytes), ``w8``: per-output-channel INT8 (8 bits/weight + 4 bytes
+    per row); either may be absent. ``bias`` keeps the layer's dtype.
+    """
+
+    w4: F.NVFP4Tensor | None
+    w8: F.Int8Tensor | None
+    bias: torch.Tensor | None
+    hadamard_block: int | None
+    in_features: int
+    out_features: int
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        return tuple(n for n, w in (("nvfp4", self.w4), ("int8", self.w8)) if w is not None)
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Bytes of packed weights and their scales (no bias)."""
+        return sum(w.nbytes for w in (self.w4, self.w8) if w is not None)
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes resident: packed weights + scales + bias."""
+        b = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        return self.weight_nbytes + b
+
+    def bits_per_weight(self, fmt: str = "nvfp4") -> float:
+        w = self.w4 if fmt == "nvfp4" else self.w8
+        if w is None:
+            raise ValueError(f"no {fmt} weights packed (formats={self.formats})")
+        return 8.0 * w.nbytes / (self.in_features * self.out_features)
+
+    @property
+    def device(self) -> torch.device:
+        w = self.w4 if self.w4 is not None else self.w8
+        return w.data.device
+
+    def to(self, device) -> PackedLinear:
+        return PackedLinear(
+            None if self.w4 is None else self.w4.to(device),
+            None if self.w8 is None else self.w8.to(device),
+            None if self.bias is None else self.bias.to(device),
+            self.hadamard_block, self.in_features, self.out_features,
+        )
+
+    def weight(self, fmt: str) -> F.NVFP4Tensor | F.Int8Tensor:
+        w = self.w4 if fmt == "nvfp4" else self.w8 if fmt == "int8" else None
+        if w is None:
+            raise ValueError(f"this PackedLinear holds weight formats {self.formats}; {fmt!r} was asked for")
+        return w
+
+
+def pack_linear(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    formats: tuple[str, ...] = ("nvfp4",),
+    hadamard_block: int | None = None,
+) -> PackedLinear:
+    """Quantize ``weight [N, K]`` (Hadamard folded first) into the given formats; see :class:`PackedLinear`."""
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [N, K], got shape {tuple(weight.shape)}")
+    fmts = tuple(formats)
+    bad = [f for f in fmts if f not in ("nvfp4", "int8")]
+    if bad or not fmts:
+        raise ValueError(f"formats must be a non-empty subset of ('nvfp4', 'int8'), got {fmts}")
+    N, K = weight.shape
+    hb = int(hadamard_block) if hadamard_block else None
+    if hb:
+        F.check_hadamard_block(K, hb)
+    if "nvfp4" in fmts and K % F.FP4_BLOCK:
+        raise ValueError(f"NVFP4 weights need K divisible by {F.FP4_BLOCK}, got K={K}")
+    w = weight.detach()
+    w4 = F.quantize_weight(w, "nvfp4", hb) if "nvfp4" in fmts else None
+    w8 = F.quantize_weight(w, "int8", hb) if "int8" in fmts else None
+    b = None if bias is None else bias.detach().clone()
+    return PackedLinear(w4, w8, b, hb, K, N)
+
+
+# ---------------------------------------------------------------------------------------- dispatch
+
+
+def compute_path(device) -> str:
+    """What ``backend="auto"`` runs on ``device`` (see module docstring)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "cpu-reference"
+    if not torch.cuda.is_available():
+        return "cuda-reference"
+    if not HAVE_TRITON:  # pragma: no cover - triton ships with CUDA torch
+        return "cuda-reference"
+    major, _ = torch.cuda.get_device_capability(dev)
+    if major >= 10:
+        return "blackwell-native (unverified)"
+    if major == 9:
+        return "hopper-triton"
+    return "cuda-reference"
+
+
+def _resolve(backend: str, x: torch.Tensor) -> str:
+    if backend == "auto":
+        return "torch" if compute_path(x.device) in ("cpu-reference", "cuda-reference") else "triton"
+    if backend not in ("triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "triton" and not HAVE_TRITON:  # pragma: no cover
+        raise RuntimeError(f"backend='triton' needs triton, which failed to import: {_TRITON_ERROR}")
+    return backend
+
+
+def _use_native_fp4(backend: str, x: torch.Tensor) -> bool:
+    return backend == "auto" and compute_path(x.device).startswith("blackwell") and blackwell.native_fp4_available(x.device)
+
+
+def quantize_act(x2d: torch.Tensor, fmt: str, hadamard_block: int | None = None, k_sigma: float | None = None,
+                 backend: str = "auto"):
+    """Fused ``block_hadamard`` → NVFP4 / per-token INT8 of ``x2d [M, K]`` (+ outlier count, int64 0-d)."""
+    if fmt not in ("nvfp4", "int8"):
+        raise ValueError(f"fmt must be 'nvfp4' or 'int8', got {fmt!r}")
+    if _resolve(backend, x2d) == "torch":
+        xr = F.block_hadamard(x2d, hadamard_block) if hadamard_block else x2d.float()
+        q = F.quantize_nvfp4(xr, check_finite=False) if fmt == "nvfp4" else F.quantize_int8(xr, check_finite=False)
+        q.orig_dtype = x2d.dtype
+        count = F.outlier_count(x2d, k_sigma)[0] if k_sigma is not None else None
+        return q, count
+    fn = quantize_nvfp4_act if fmt == "nvfp4" else quantize_int8_act
+    q, count = fn(x2d, hadamard_block, k_sigma)
+    return q, (None if count is None else count.to(torch.int64))
+
+
+def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma):
+    count = F.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
+    hb = packed.hadamard_block
+    xr = F.block_hadamard(x2, hb) if hb else x2.float()
+    w = packed.weight(WEIGHT_FORMAT[route])
+    if route == "nvfp4":
+        xq = F.quantize_nvfp4(xr, check_finite=False).dequantize(torch.float32)
+    elif route in ("int8", "w8a8"):
+        xq = F.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
+    else:
+        xq = xr
+    y = xq @ w.dequantize(torch.float32).T
+    if packed.bias is not None:
+        y = y + packed.bias.float()
+    return y.to(x2.dtype), count
+
+
+def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, native_fp4: bool):
+    hb = packed.hadamard_block
+    out_dtype = x2.dtype
+    bias = packed.bias
+    w = packed.weight(WEIGHT_FORMAT[route])
+    dense = HOPPER_DENSE_ACTIVATIONS and not native_fp4
+    if route == "nvfp4":
+        if dense:
+            (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
+            a = DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs)
+        else:
+            a, count = quantize_nvfp4_act(x2, hb, k_sigma)
+        if native_fp4:
+            return blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype), count
+        return gemm_w4(a, w, bias, out_dtype), count
+    if route == "int8":
+        q, count = quantize_int8_act(x2, hb, k_sigma, dense=dense)
+        a = DenseAct(q.data, "int8", row_scale=q.scale) if dense else q
+        return gemm_w4(a, w, bias, out_dtype), count
+    if route == "w8a8":
+        q, count = quantize_int8_act(x2, hb, k_sigma)
+        return gemm_w8a8(q, w, bias, out_dtype), count
+    # w4a16
+    if hb or x2.dtype == torch.float32:
+        pair, count = rotate_split(x2, hb, k_sigma)
+        return gemm_w4(pair, w, bias, out_dtype), count
+    count = _outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None
+    return gemm_w4(x2, w, bias, out_dtype), count
+
+
+def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float | None = None,
+           backend: str = "auto"):
+    """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract."""
+    if route not in LINEAR_ROUTES:
+        raise ValueError(f"route must be one of {LINEAR_ROUTES}, got {route!r}"
+                         + (" (the fp16 route uses the original layer, which PackedLinear does not hold)"
+                            if route == "fp16" else ""))
+    K = packed.in_features
+    if x.shape[-1] != K:
+        raise ValueError(f"x has {x.shape[-1]} features, the layer expects {K}")
+    packed.weight(WEIGHT_FORMAT[route])  # raises when the route's weight format is missing
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.shape[0] == 0:
+        y = torch.empty((*lead, packed.out_features), dtype=x.dtype, device=x.device)
+        return y, (torch.zeros((), dtype=torch.int64, device=x.device) if k_sigma is not None else None)
+    be = _resolve(backend, x2)
+    if be == "torch":
+        y, count = _linear_torch(x2, packed, route, k_sigma)
+    else:
+        y, count = _linear_triton(x2, packed, route, k_sigma, _use_native_fp4(backend, x2))
+        count = None if count is None else count.to(torch.int64)
+    return y.reshape(*lead, packed.out_features), count
