@@ -1,0 +1,78 @@
+"""DMPQ calibration: least squares fit, τ for a bit target, the policy file, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import sixbit
+from sixbit import Policy, SixBitConfig
+from sixbit.calibrate import calibrate, fit_line, main, read_prompts
+from sixbit.testing import COGVIDEOX_CALL, generate, save_and_reload, tiny_cogvideox_pipeline
+
+CALL = {k: COGVIDEOX_CALL[k] for k in ("height", "width", "num_frames", "max_sequence_length")}
+
+
+def test_fit_line_is_least_squares():
+    x = [0.1, 0.2, 0.3, 0.4]
+    a, b, r2, ss_res, _ = fit_line(x, [0.5 * v + 0.02 for v in x])
+    assert (a, b, r2) == pytest.approx((0.5, 0.02, 1.0)) and ss_res == pytest.approx(0.0, abs=1e-15)
+    a, b, r2, _, _ = fit_line(x, [1.0, 0.0, 1.0, 0.0])
+    assert a == pytest.approx(-2.0) and b == pytest.approx(1.0) and r2 == pytest.approx(0.2)
+    assert fit_line([0.3, 0.3], [0.1, 0.2])[:3] == pytest.approx((0.0, 0.15, 0.0))  # constant Γ: the mean
+    assert fit_line([0.1, 0.2], [0.1, 0.1])[2] is None  # constant E: R² undefined
+
+
+def test_calibrate_writes_a_policy_that_loads_back_and_drives_routing(tmp_path):
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    ref = generate(pipe)
+    policy, report = calibrate(pipe, ["red circle", "blue square"], steps=5, call_kwargs=CALL, target_bits=6.0)
+    assert torch.equal(generate(pipe), ref)  # calibration leaves the model as it was
+    names = [f"transformer_blocks.{b}.{n}" for b in range(3)
+             for n in ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.0.proj", "ff.net.2")]
+    assert list(policy.linears) == names
+    assert all(f.n == 2 * 4 for f in policy.linears.values())  # 2 prompts × steps 1..4
+    layer = report["layers"][0]
+    assert 0 < layer["mean_err_int8"] < layer["mean_err_nvfp4"] < 0.5
+    assert report["r2_overall"] is not None and report["r2_overall"] <= 1.0
+    # τ hits the bit target on the calibration samples, and the table is monotone
+    assert report["avg_act_bits_at_tau"] == pytest.approx(6.0, abs=0.3)
+    taus = [policy.tau_table[b] for b in sorted(policy.tau_table)]
+    assert taus == sorted(taus, reverse=True) and policy.tau == pytest.approx(policy.tau_for_bits(6.0))
+
+    path = policy.save(tmp_path / "policy.json")
+    loaded = Policy.load(path)
+    assert loaded.to_dict() == json.loads(path.read_text())
+    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=str(path)))
+    generate(pipe)
+    d = handle.trace.to_dict()
+    assert d["config"]["policy_resolved"].startswith("calibrated")
+    for prev, s in zip(d["steps"], d["steps"][1:]):
+        for j, name in enumerate(d["linears"]):
+            g = prev["blocks"][j // 6]["gamma"]
+            e = loaded.linears[name].predict(g)
+            assert s["pred_err"][j] == pytest.approx(e)
+            assert s["routes"][j] == ("int8" if e > loaded.tau else "nvfp4")
+
+
+def test_calibrate_cli(tmp_path, capsys):
+    folder = tmp_path / "tiny"
+    save_and_reload(tiny_cogvideox_pipeline(seed=0, num_layers=2), folder)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# calibration prompts\nred circle\n\ngreen triangle\n")
+    assert read_prompts(prompts) == ["red circle", "green triangle"]
+    out = tmp_path / "out" / "policy.json"
+    rc = main(["--model", str(folder), "--prompts", str(prompts), "--out", str(out), "--steps", "4",
+               "--frames", "9", "--height", "32", "--width", "32", "--device", "cpu", "--target-bits", "5.5"])
+    assert rc == 0
+    pol = Policy.load(out)
+    assert len(pol.linears) == 12 and pol.target_bits == 5.5 and "sixbit.calibrate" in pol.meta["command"]
+    md = out.with_suffix(".md").read_text()
+    assert "R² pooled within layers" in md and "transformer_blocks.1.ff.net.2" in md
+    assert "wrote" in capsys.readouterr().out
+    bad = tmp_path / "empty.txt"
+    bad.write_text("# nothing\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        read_prompts(bad)
