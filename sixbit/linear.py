@@ -13,15 +13,12 @@ The route of every call is chosen from outside: the engine sets ``module.route``
 * everything else goes to ``sixbit_kernels.ops.linear(x, packed, route)``.
 
 The numerics of every route are those of ``sixbit.formats.reference_linear``; the kernels implement them
-(Triton on the GPU, the torch reference on the CPU). Until the kernels package provides ``ops``, a
-minimal fallback here packs with ``fmt.quantize_weight`` and multiplies dequantized values — it
-exists only so the engine can be developed in parallel and disappears once ``ops`` lands.
+(Triton on the GPU, the torch reference on the CPU); this module holds no numerics of its own.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,86 +36,10 @@ FP_ROUTES = ("fp16", "w4a16")
 
 
 def ops():
-    """``sixbit_kernels.ops`` if the kernels package provides it, else the interim fallback below."""
-    global _OPS
-    if _OPS is None:
-        try:
-            from sixbit._kernels import kernels  # noqa: F401  (registers ``sixbit_kernels``)
+    """``sixbit_kernels.ops``: ``pack_linear``, ``linear``, ``compute_path`` (the kernels' contract)."""
+    from sixbit._kernels import kernels  # noqa: F401  (registers ``sixbit_kernels`` when not installed)
 
-            _OPS = importlib.import_module("sixbit_kernels.ops")
-        except ModuleNotFoundError:
-            _OPS = _FallbackOps
-    return _OPS
-
-
-_OPS = None
-
-
-@dataclass
-class _FallbackPacked:
-    w4: fmt.NVFP4Tensor | None
-    w8: fmt.Int8Tensor | None
-    bias: torch.Tensor | None
-    hadamard_block: int | None
-    in_features: int
-    out_features: int
-
-    @property
-    def formats(self) -> tuple[str, ...]:
-        return tuple(n for n, w in (("nvfp4", self.w4), ("int8", self.w8)) if w is not None)
-
-    @property
-    def nbytes(self) -> int:
-        n = sum(w.nbytes for w in (self.w4, self.w8) if w is not None)
-        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
-
-    def to(self, device) -> _FallbackPacked:
-        return _FallbackPacked(
-            None if self.w4 is None else self.w4.to(device),
-            None if self.w8 is None else self.w8.to(device),
-            None if self.bias is None else self.bias.to(device),
-            self.hadamard_block, self.in_features, self.out_features,
-        )
-
-
-class _FallbackOps:
-    """Interim stand-in for ``sixbit_kernels.ops`` with the same contract (torch reference numerics)."""
-
-    @staticmethod
-    def pack_linear(weight, bias, formats=("nvfp4",), hadamard_block=None):
-        fmts = formats
-        w4 = fmt.quantize_weight(weight.detach(), "nvfp4", hadamard_block) if "nvfp4" in fmts else None
-        w8 = fmt.quantize_weight(weight.detach(), "int8", hadamard_block) if "int8" in fmts else None
-        b = None if bias is None else bias.detach().clone()
-        return _FallbackPacked(w4, w8, b, hadamard_block, weight.shape[1], weight.shape[0])
-
-    @staticmethod
-    def linear(x, packed, route, *, k_sigma=None, backend="auto"):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        count = fmt.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
-        hb = packed.hadamard_block
-        xr = fmt.block_hadamard(x2, hb) if hb else x2.float()
-        w = packed.w8 if route == "w8a8" else packed.w4
-        if w is None:
-            raise ValueError(f"route {route!r} needs weight format {'int8' if route == 'w8a8' else 'nvfp4'}, "
-                             f"packed holds {packed.formats}")
-        if route == "nvfp4":
-            xq = fmt.quantize_nvfp4(xr, check_finite=False).dequantize(torch.float32)
-        elif route in ("int8", "w8a8"):
-            xq = fmt.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
-        elif route == "w4a16":
-            xq = xr
-        else:
-            raise ValueError(f"unknown route {route!r}")
-        y = xq @ w.dequantize(torch.float32).T
-        if packed.bias is not None:
-            y = y + packed.bias.float()
-        return y.to(x.dtype).reshape(*shape[:-1], packed.out_features), count
-
-    @staticmethod
-    def compute_path(device) -> str:
-        return "cpu-reference" if torch.device(device).type == "cpu" else "cuda-reference"
+    return importlib.import_module("sixbit_kernels.ops")
 
 
 # ------------------------------------------------------------------------------------------- module
@@ -205,7 +126,7 @@ class SixBitLinear(nn.Module):
     def _apply(self, fn, recurse=True):
         # move the packed weights (and a device-resident original) with the module; never cast them
         super()._apply(fn, recurse)
-        cur = _packed_device(self.packed)
+        cur = self.packed.device
         probe = fn(torch.empty(0, device=cur))
         if probe.device != cur:
             self.packed = self.packed.to(probe.device)
@@ -216,19 +137,6 @@ class SixBitLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"packed={getattr(self.packed, 'formats', '?')}, bytes={self.packed.nbytes}")
-
-
-def _packed_device(packed) -> torch.device:
-    dev = getattr(packed, "device", None)
-    if dev is not None:
-        return torch.device(dev)
-    for v in vars(packed).values():
-        if isinstance(v, torch.Tensor):
-            return v.device
-        for t in vars(v).values() if hasattr(v, "__dict__") else ():
-            if isinstance(t, torch.Tensor):
-                return t.device
-    return torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------------------- swapping
