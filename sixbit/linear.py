@@ -178,8 +178,12 @@ def swap_linears(root: nn.Module, names: list[str], *, formats_: tuple[str, ...]
 
 
 def restore_linears(root: nn.Module, originals: dict) -> None:
-    """Undo :func:`swap_linears`: move each original back to its device and put it in place."""
+    """Undo :func:`swap_linears`: put each original back, on the device its replacement is on now (the
+    model may have been moved since), in the dtype it had when it was swapped out."""
     for name, (lin, device) in originals.items():
         parent, child = _get_parent(root, name)
+        current = getattr(parent, child)
+        if isinstance(current, SixBitLinear):
+            device = current.packed.device
         lin.to(device)
         setattr(parent, child, lin)
