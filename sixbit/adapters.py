@@ -51,7 +51,9 @@ class Adapter:
         blocks = getattr(transformer, self.block_list)
         return [(f"{self.block_list}.{i}", b) for i, b in enumerate(blocks)]
 
-    def block_linears(self, block: nn.Module) -> list[tuple[str, nn.Linear]]:
+    def block_linears(self, block: nn.Module, *, modulation: bool = False) -> list[tuple[str, nn.Linear]]:
+        """The routed linears of ``block`` (or, with ``modulation=True``, the ones ``fp_patterns`` keep in
+        full precision)."""
         fused_unused = set()
         for name, mod in block.named_modules():
             if getattr(mod, "fused_projections", False):
@@ -66,7 +68,7 @@ class Adapter:
         for name, mod in block.named_modules():
             if not isinstance(mod, nn.Linear) or name in fused_unused:
                 continue
-            if any(re.search(p, name) for p in self.fp_patterns):
+            if any(re.search(p, name) for p in self.fp_patterns) != modulation:
                 continue
             out.append((name, mod))
         return out

@@ -98,6 +98,13 @@ class SixBitConfig:
         "'w4a16'); 'device' = kept on the device (true FP16 steps, no memory saving).",
         choices=("cpu", "device"),
     )
+    modulation_weights: str = _f(
+        "fp",
+        "Weights of the blocks' modulation linears (norm1.linear/norm2.linear: M = batch rows, ~21 % of "
+        "CogVideoX-2B's parameters): 'fp' = untouched; 'nvfp4' = weight-only 4-bit (activations stay "
+        "16-bit, route w4a16) — memory only, never routed by DMPQ.",
+        choices=("fp", "nvfp4"),
+    )
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
     tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.")
     tdc_threshold: float = _f(

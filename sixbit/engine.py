@@ -228,6 +228,16 @@ class SixBitHandle:
                 k_sigma=cfg.pdr_k_sigma if cfg.trace_linear_outliers else None,
             )
             self.modules = [new[n] for n in self.linear_names]
+        self.modulation_modules: list[SixBitLinear] = []
+        if cfg.modulation_weights == "nvfp4":
+            names = [f"{bname}.{rel}" for bname, block in blocks
+                     for rel, lin in adapter.block_linears(block, modulation=True) if lin.in_features % 16 == 0]
+            new, orig = swap_linears(transformer, names, formats_=("nvfp4",), hadamard_block=0,
+                                     fp_weights=cfg.fp_weights, int8_route="int8", backend=cfg.backend, k_sigma=None)
+            for m in new.values():
+                m.route = "w4a16"
+            self.modulation_modules = list(new.values())
+            self._originals.update(orig)
 
         # hooks
         self._created_registries: list[nn.Module] = []
@@ -443,12 +453,17 @@ class SixBitHandle:
 
     # -------------------------------------------------------------------------------------- public
     def memory(self) -> dict[str, int]:
-        """Bytes of the routed layers: packed (resident with the model), original (what they held),
-        original kept on the device (``fp_weights="device"``)."""
-        packed = sum(int(m.packed.nbytes) for m in self.modules)
+        """Weight bytes: ``packed_bytes`` (the swapped layers' packed weights, resident with the model),
+        ``original_bytes`` (what those layers held), ``fp_bytes_on_device`` (originals kept on the device,
+        ``fp_weights="device"``), ``other_transformer_bytes`` (the transformer's remaining parameters:
+        modulation, embedders, norms, proj_out). Transformer weights on the device = packed + fp_on_device
+        + other."""
+        packed = sum(int(m.packed.nbytes) for m in self.modules + self.modulation_modules)
         orig = sum(p.numel() * p.element_size() for lin, _ in self._originals.values() for p in lin.parameters())
         on_dev = orig if self.cfg.fp_weights == "device" else 0
-        return {"packed_bytes": packed, "original_bytes": orig, "fp_bytes_on_device": on_dev}
+        rest = sum(p.numel() * p.element_size() for p in self.transformer.parameters())
+        return {"packed_bytes": packed, "original_bytes": orig, "fp_bytes_on_device": on_dev,
+                "other_transformer_bytes": rest}
 
     def step_callback(self, fn: Callable[[dict, int], Any] | None = None):
         """A ``callback_on_step_end`` that calls ``fn(trace_dict, step)`` after every step and returns
@@ -478,6 +493,7 @@ class SixBitHandle:
             self.transformer._diffusers_hook.invalidate_child_registries_cache()
         restore_linears(self.transformer, self._originals)
         self.modules = []
+        self.modulation_modules = []
         self._originals = {}
         del self.transformer._sixbit_handle
         self.removed = True

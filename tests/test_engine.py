@@ -140,6 +140,24 @@ def test_memory_is_honest_by_default(pipe):
     assert all(m.has_fp_weights for m in h2.modules) and h2.memory()["fp_bytes_on_device"] > 0
 
 
+def test_modulation_weights_option_quantizes_weights_only(pipe):
+    ref = generate(pipe)
+    plain = sixbit.apply(pipe, "balanced")
+    m_plain = plain.memory()
+    plain.remove()
+    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", modulation_weights="nvfp4"))
+    mem = handle.memory()
+    assert len(handle.modulation_modules) == 2 * 3 and len(handle.linear_names) == 18
+    assert all(m.route == "w4a16" for m in handle.modulation_modules)
+    assert mem["other_transformer_bytes"] < m_plain["other_transformer_bytes"]
+    out = generate(pipe)
+    d = handle.trace.to_dict()
+    assert not any("norm" in n for n in d["linears"])  # not routed, not in the trace's layer list
+    assert 0 < float((out - ref).norm() / ref.norm()) < 0.2
+    handle.remove()
+    assert torch.equal(generate(pipe), ref)
+
+
 def test_static_baselines(pipe):
     ref = generate(pipe)
     errs = {}
