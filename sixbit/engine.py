@@ -7,7 +7,8 @@ end of every call:
 
 * one **denoiser hook** on the transformer: counts the steps of each branch, starts a new run (fresh
   caches, fresh trace) when a call begins — also if the previous call died without the reset (a new run
-  is recognised by a changed input shape or a timestep that does not decrease) — and times each step;
+  is recognised by a changed input shape or a timestep that went up: schedulers run timesteps downwards,
+  second-order ones may repeat one) — and times each step;
 * one **block hook** per transformer block (``new_forward``): decides skip or compute (TDC, or a
   replayed :class:`~sixbit.tdc.SkipSchedule`), picks each layer's route (warm-up → full precision;
   PDR → full precision; first computed step after a skip → INT8; otherwise DMPQ from Γ), runs the block,
@@ -321,7 +322,7 @@ class SixBitHandle:
         enc = _arg(self.transformer, "encoder_hidden_states", args, kwargs)
         shape = (tuple(hs.shape), tuple(enc.shape) if isinstance(enc, torch.Tensor) else None)
         st = mgr.get_state()
-        if not self._run_active or (st.step > 0 and (shape != st.shape or not t_val < st.last_t)):
+        if not self._run_active or (st.step > 0 and (shape != st.shape or t_val > st.last_t)):
             self._start_run(ctx)
             st = mgr.get_state()
         step = st.step
