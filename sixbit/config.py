@@ -1,7 +1,7 @@
 """SixBitConfig: every switch and threshold of the method, with presets and help text.
 
-One dataclass, one field per knob. Each field carries ``metadata`` with a ``help`` line (rendered by the
-UI's "Advanced" panel), and where it applies ``choices`` or a ``min``/``max`` range; :meth:`fields_help`
+One dataclass, one field per knob. Each field carries ``metadata`` with a ``help`` line and a short
+``label`` (rendered by the UI's "Advanced" panel), and where it applies ``choices`` or a ``min``/``max`` range; :meth:`fields_help`
 returns them as plain dicts. :meth:`SixBitConfig.preset` builds the named presets, including the
 ablation rows of the quality tables:
 
@@ -57,6 +57,7 @@ class SixBitConfig:
         "Linear-layer quantization: 'dmpq' = dynamic NVFP4/INT8 activations from the Γ predictor; "
         "'w4a4', 'w4a8', 'w8a8' = static baselines (one route for every layer); 'off' = original weights.",
         choices=QUANT_MODES,
+        label="Quantization",
     )
     int8_route: str = _f(
         "int8",
@@ -64,32 +65,38 @@ class SixBitConfig:
         "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
         "also keeps an 8-bit copy of every weight resident).",
         choices=("int8", "w8a8"),
+        label="INT8 route",
     )
     target_bits: float | None = _f(
         6.0,
         "Average activation bits DMPQ aims for; τ is read from the policy's calibrated τ-for-bits table. "
         "Ignored when 'tau' is set.",
         min=4.5, max=8.0,
+        label="Target activation bits",
     )
     tau: float | None = _f(
         None,
         "Threshold on the predicted relative error E = α·Γ + β: a layer runs INT8 when E > τ, else "
         "NVFP4. Empty = from the policy (see target_bits).",
         min=0.0,
+        label="τ (error threshold)",
     )
     policy: str | None = _f(
         "auto",
         "Calibrated policy (α, β per layer, τ): a JSON path, 'auto' (the shipped policy for the "
         "model, if any), or empty for uncalibrated E = Γ.",
+        label="Policy",
     )
     warmup_steps: int = _f(
-        1, "First denoising steps run with full-precision activations (no Γ history yet).", min=0, max=1000
+        1, "First denoising steps run with full-precision activations (no Γ history yet).", min=0, max=1000,
+        label="Warm-up steps (full precision)",
     )
     hadamard_block: int = _f(
         64,
         "Block size of the online Hadamard rotation before quantizing activations (power of two; "
         "reduced per layer to the largest power of two ≥ 16 that divides its width; 0 = off).",
         choices=(0, 16, 32, 64, 128),
+        label="Hadamard block",
     )
     fp_weights: str = _f(
         "cpu",
@@ -97,6 +104,7 @@ class SixBitConfig:
         "holds only packed weights; full-precision steps use 4-bit weights × 16-bit activations, "
         "'w4a16'); 'device' = kept on the device (true FP16 steps, no memory saving).",
         choices=("cpu", "device"),
+        label="Original weights",
     )
     modulation_weights: str = _f(
         "fp",
@@ -104,40 +112,46 @@ class SixBitConfig:
         "CogVideoX-2B's parameters): 'fp' = untouched; 'nvfp4' = weight-only 4-bit (activations stay "
         "16-bit, route w4a16) — memory only, never routed by DMPQ.",
         choices=("fp", "nvfp4"),
+        label="Modulation weights",
     )
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
-    tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.")
+    tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.", label="Temporal Delta Cache")
     tdc_threshold: float = _f(
         0.08,
         "Skip only while the relative L1 change per step between the block's last two computed deltas "
         "is at most this.",
         min=0.0,
+        label="TDC similarity threshold",
     )
     tdc_budget: float = _f(
         0.25,
         "Accumulated skip-error budget per block: every skipped step adds the per-step change; when the "
         "next skip would exceed the budget the block is recomputed (refresh) and the sum resets.",
         min=0.0,
+        label="TDC error budget",
     )
-    tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000)
-    tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000)
+    tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000, label="Never skip first K steps")
+    tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000, label="Never skip last K steps")
     # --- PDR: purified delta refresh -------------------------------------------------------------------
     pdr: bool = _f(
         True,
         "Purified Delta Refresh: when a computed block's Δ is about to be cached and the block input's "
         "outlier ratio exceeds ρ, run that block's layers with full-precision activations.",
+        label="Purified Delta Refresh",
     )
     pdr_rho: float = _f(
         2e-3, "ρ: outlier-ratio threshold of PDR (fraction of input elements beyond k_σ · token RMS).",
         min=0.0, max=1.0,
+        label="PDR ρ (outlier ratio)",
     )
-    pdr_k_sigma: float = _f(8.0, "k_σ: an element is an outlier if |x| > k_σ · rms(its token).", min=1.0)
+    pdr_k_sigma: float = _f(8.0, "k_σ: an element is an outlier if |x| > k_σ · rms(its token).", min=1.0, label="PDR k_σ")
     # --- engine ------------------------------------------------------------------------------------------
-    backend: str = _f("auto", "Kernel backend passed to sixbit_kernels.ops.linear.", choices=("auto", "triton", "torch"))
+    backend: str = _f("auto", "Kernel backend passed to sixbit_kernels.ops.linear.", choices=("auto", "triton", "torch"), label="Kernel backend")
     trace_linear_outliers: bool = _f(
-        True, "Record each layer's input outlier ratio in the trace (counted by the kernels; no extra sync)."
+        True, "Record each layer's input outlier ratio in the trace (counted by the kernels; no extra sync).",
+        label="Trace layer outliers",
     )
-    sync_timing: bool = _f(True, "Synchronize the GPU at the end of each step so step times are real.")
+    sync_timing: bool = _f(True, "Synchronize the GPU at the end of each step so step times are real.", label="Synchronized step timing")
 
     # ------------------------------------------------------------------------------------------------------
     def __post_init__(self):
@@ -204,7 +218,7 @@ class SixBitConfig:
         out = []
         for f in dataclasses.fields(cls):
             d = {"name": f.name, "type": str(f.type), "default": f.default, "help": f.metadata.get("help", "")}
-            for k in ("choices", "min", "max"):
+            for k in ("label", "choices", "min", "max"):
                 if k in f.metadata:
                     d[k] = f.metadata[k]
             out.append(d)
