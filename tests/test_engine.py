@@ -200,3 +200,11 @@ def test_loading_path_save_pretrained_then_load_pipeline(pipe, tmp_path):
     assert h.trace.to_dict()["model"].endswith("tiny")
     with pytest.raises(FileNotFoundError):
         sixbit.load_pipeline(tmp_path / "missing" / "folder")
+
+
+def test_load_pipeline_default_needs_the_embedded_model(monkeypatch):
+    import types
+
+    monkeypatch.setitem(__import__("sys").modules, "sixbit.mini", types.ModuleType("sixbit.mini"))
+    with pytest.raises(FileNotFoundError, match="sixbit-mini model is not available"):
+        sixbit.load_pipeline()
