@@ -165,8 +165,9 @@ def _run_pipeline(pipe, gen_defaults: dict, params: dict, phase: str, handle, em
         tr = handle.trace.to_dict() if handle is not None else None
         emit(("step", {"phase": phase, "step": i + 1, "steps": n, "trace": tr}))
         if stop.is_set():
-            p._interrupt = True
-            raise _Stopped(i + 1)  # leave now: no VAE decode of a half-denoised video
+            # Raise instead of setting `p._interrupt`: the pipeline would still VAE-decode the
+            # half-denoised latents, and the flag would stay set on the shared pipeline.
+            raise _Stopped(i + 1)
         return {}
 
     kwargs = dict(gen_defaults)

@@ -18,6 +18,7 @@ as it is, so the plots are only redrawn when a step arrived.
 from __future__ import annotations
 
 import html
+import inspect
 import json
 import math
 import threading
@@ -243,6 +244,24 @@ class DemoController:
             return status_html("stopped", text)
         return status_html("idle", "Nothing is running.")
 
+    def api_generate(self) -> Callable:
+        """`generate` with one named parameter per Advanced field, so API clients see ``tdc_budget=…``
+        instead of ``param_13`` and may leave any of them out (default: the form's preset value)."""
+        base = list(inspect.signature(self.generate).parameters)
+        base = [n for n in base if n != "advanced"]
+        names = [s.name if s.name not in base else f"adv_{s.name}" for s in self.specs]
+
+        def generate(*args):
+            yield from self.generate(*args)
+
+        P = inspect.Parameter
+        params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in base]
+        params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None) for n in names]
+        generate.__signature__ = inspect.Signature(params)
+        generate.__annotations__ = {"request": gr.Request}
+        generate.__doc__ = self.generate.__doc__
+        return generate
+
     def generate(self, request: gr.Request, model_text, prompt, negative_prompt, seed, steps, frames, resolution,
                  guidance, preset, form_preset, *advanced):
         """The Generate button: a generator of `OUTPUTS` tuples (see the module docstring)."""
@@ -337,6 +356,11 @@ class DemoController:
                         curves=figures.curves_figure(trace, n), baseline_video=base.video_path,
                         sixbit_video=six.video_path, metrics=rows,
                         path_info=self.path_markdown(info, six), trace_file=str(trace_path))
+        except Exception as e:  # the job failed: say so in the status line and in Gradio's error modal
+            if isinstance(e, gr.Error):
+                raise
+            yield self.out(status=status_html("error", f"Failed: {type(e).__name__}: {e}", None))
+            raise gr.Error(f"Generation failed: {type(e).__name__}: {e}", title="Generation failed") from e
         finally:
             # Reached on success, on error, and when Gradio closes the generator (Stop / tab closed):
             # the job sees the flag at its next step and unwinds (hooks removed, nothing cached).

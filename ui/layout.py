@@ -109,7 +109,7 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
                                               interactive=False, elem_id="trace-file")
         inputs = [model, prompt, negative, seed, steps, frames, resolution, guidance, preset, form_preset, *adv]
         gen = generate_btn.click(
-            controller.generate, inputs, [comps[n] for n in OUTPUTS], api_name="generate",
+            controller.api_generate(), inputs, [comps[n] for n in OUTPUTS], api_name="generate",
             concurrency_limit=1, concurrency_id="gpu", show_progress="minimal",
             show_progress_on=[comps["status"]], trigger_mode="once",
         )
