@@ -11,9 +11,10 @@ an fp32 tensor scale). Each K-step decodes a ``[BLOCK_N, BLOCK_K]`` weight tile 
   (W4A4; what ``quantize_nvfp4_act(..., dense=True)`` writes). Hopper has no FP4 tensor cores, so carrying
   the already-quantized activations in 16 bits costs bandwidth but no accuracy and saves the per-tile
   decode of A (measured in ``benchmarks/kernels.py``).
-* ``A_SPLIT`` (1): a bf16 pair ``hi + lo`` (the fp32 rotated activations of W4A16 with a Hadamard, or fp32
-  inputs), two dots; the pair keeps ~16 significant bits so the product stays within fp32-accumulation
-  tolerance of the reference.
+* ``A_SPLIT`` (1): a bf16 ``[M, 2K]`` tensor ``[hi | lo]`` with ``hi + lo`` the fp32 rotated activations of
+  W4A16 with a Hadamard (or fp32 inputs): the K loop runs over 2K and reads the weight tile at ``k mod K``,
+  so ``hi @ W^T + lo @ W^T`` is one pipelined dot chain; the pair keeps ~16 significant bits, so the
+  product stays within fp32-accumulation tolerance of the reference.
 * ``A_NVFP4`` (2): packed NVFP4 activations, decoded in-kernel like the weights (true 4-bit operand).
 * ``A_INT8`` (3): INT8 codes, converted in-kernel to fp16 (exact).
 
@@ -58,12 +59,23 @@ class DenseAct:
         return (self.values.float() * self.row_scale.float()).to(dtype)
 
 
+@dataclass
+class SplitAct:
+    """fp32-precision activations as one bf16 tensor ``hilo [M, 2K] = [hi | lo]``, ``hi + lo ≈ x`` to ~2**-17."""
+
+    hilo: torch.Tensor
+
+    def value(self) -> torch.Tensor:
+        k = self.hilo.shape[1] // 2
+        return self.hilo[:, :k].float() + self.hilo[:, k:].float()
+
+
 @triton.jit
 def _gemm_w4_kernel(
-    a_ptr, a2_ptr, as_ptr, w_ptr, ws_ptr, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+    a_ptr, as_ptr, w_ptr, ws_ptr, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
     M, N, K, stride_am, stride_om,
     A_MODE: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    OP: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
+    OP: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr, SVEC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr,
 ):
@@ -82,7 +94,9 @@ def _gemm_w4_kernel(
     rm = (offs_m % M).to(tl.int64)  # clamped rows: loads stay in bounds, the store is masked
     rn = (offs_n % N).to(tl.int64)
     KH = K // 2
-    KS = K // 16
+    # K / 16 scale bytes per row; written as a multiple of SVEC (a power of two dividing it) so that the
+    # compiler can vectorize the scale loads (≥ 4 bytes per thread is what cp.async pipelining needs)
+    KS = (K // (16 * SVEC)) * SVEC
     kb = tl.arange(0, BLOCK_K)
     kh = tl.arange(0, BLOCK_K // 2)
     ks = tl.arange(0, BLOCK_K // 16)
@@ -92,31 +106,39 @@ def _gemm_w4_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    for k0 in range(0, K, BLOCK_K):
+    if A_MODE == 1:
+        KA = 2 * K  # [hi | lo]: the weight tile index wraps at K (K % BLOCK_K == 0 here)
+    else:
+        KA = K
+    for ka in range(0, KA, BLOCK_K):
+        if A_MODE == 1:
+            k0 = ka % K
+        else:
+            k0 = ka
         # ---- weight tile, decoded
         w_off = rn[:, None] * KH + (k0 // 2 + kh)[None, :]
-        s_off = rn[:, None] * KS + (k0 // 16 + ks)[None, :]
+        s_off = rn[:, None] * KS + tl.max_contiguous(tl.multiple_of(k0 // 16 + ks, SVEC), SVEC)[None, :]
         if EVEN_K:
             wp = tl.load(w_ptr + w_off)
             wsc = tl.load(ws_ptr + s_off)
         else:
             wp = tl.load(w_ptr + w_off, mask=(k0 // 2 + kh)[None, :] < KH, other=0)
             wsc = tl.load(ws_ptr + s_off, mask=(k0 // 16 + ks)[None, :] < KS, other=0)
-        w = decode_nvfp4(wp, wsc, BLOCK_N, BLOCK_K, OP)  # [BN, BK]
+        w = decode_nvfp4(wp, wsc, BLOCK_N, BLOCK_K, OP, INTERP)  # [BN, BK]
 
         # ---- activation tile
-        a_off = rm[:, None] * stride_am + (k0 + kb)[None, :]
+        a_off = rm[:, None] * stride_am + (ka + kb)[None, :]
         kmask = (k0 + kb)[None, :] < K
         if A_MODE == 2:
             ap_off = rm[:, None] * KH + (k0 // 2 + kh)[None, :]
-            as_off = rm[:, None] * KS + (k0 // 16 + ks)[None, :]
+            as_off = rm[:, None] * KS + tl.max_contiguous(tl.multiple_of(k0 // 16 + ks, SVEC), SVEC)[None, :]
             if EVEN_K:
                 ap = tl.load(a_ptr + ap_off)
                 asc = tl.load(as_ptr + as_off)
             else:
                 ap = tl.load(a_ptr + ap_off, mask=(k0 // 2 + kh)[None, :] < KH, other=0)
                 asc = tl.load(as_ptr + as_off, mask=(k0 // 16 + ks)[None, :] < KS, other=0)
-            a = decode_nvfp4(ap, asc, BLOCK_M, BLOCK_K, OP)
+            a = decode_nvfp4(ap, asc, BLOCK_M, BLOCK_K, OP, INTERP)
         else:
             if EVEN_K:
                 a = tl.load(a_ptr + a_off)
@@ -128,16 +150,6 @@ def _gemm_w4_kernel(
             acc += dot(w, tl.trans(a), INTERP)
         else:
             acc += dot(a, tl.trans(w), INTERP)
-        if A_MODE == 1:
-            if EVEN_K:
-                a2 = tl.load(a2_ptr + a_off)
-            else:
-                a2 = tl.load(a2_ptr + a_off, mask=kmask, other=0)
-            a2 = a2.to(OP)
-            if SWAP:
-                acc += dot(w, tl.trans(a2), INTERP)
-            else:
-                acc += dot(a2, tl.trans(w), INTERP)
 
     if SWAP:
         acc = tl.trans(acc)
@@ -157,12 +169,16 @@ def _gemm_w4_kernel(
 #: default tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SWAP) per A mode on
 #: CUDA; picked by benchmarks/kernels.py on the H200 (see docs/KERNELS.md), interpreter uses small tiles.
 CUDA_CONFIGS = {
-    A_DENSE: (128, 256, 64, 8, 8, 3, False),
-    A_SPLIT: (128, 128, 64, 8, 8, 3, False),
-    A_NVFP4: (128, 128, 64, 8, 8, 3, False),
-    A_INT8: (128, 256, 64, 8, 8, 3, False),
+    A_DENSE: (256, 128, 64, 8, 8, 3, True),
+    A_SPLIT: (256, 128, 64, 8, 8, 3, True),
+    A_NVFP4: (128, 128, 64, 8, 8, 3, True),
+    A_INT8: (128, 256, 64, 8, 8, 3, True),
 }
 INTERP_CONFIG = (32, 32, 32, 4, 4, 1, False)
+
+
+def _lowbit(n: int) -> int:
+    return n & -n
 
 
 def _weight_parts(w: NVFP4Tensor):
@@ -183,11 +199,11 @@ def gemm_w4(
 
     ``a`` is one of: :class:`NVFP4Tensor` (W4A4, decoded in-kernel), :class:`Int8Tensor` (W4A8),
     :class:`DenseAct` (W4A4/W4A8 with the activations carried as exact halves), a bf16/fp16 tensor
-    (W4A16, unrotated), or a ``(hi, lo)`` bf16 pair (W4A16 on fp32-precision activations, e.g. rotated).
+    (W4A16, unrotated), or a :class:`SplitAct` (W4A16 on fp32-precision activations, e.g. rotated).
     """
     wd, ws, wts = _weight_parts(w)
     N, K = wd.shape[0], wd.shape[1] * 2
-    a_ts = row_scale = a2 = a_sc = None
+    a_ts = row_scale = a_sc = None
     op = tl.float16
     if isinstance(a, NVFP4Tensor):
         mode, a1 = A_NVFP4, a.data.contiguous()
@@ -205,19 +221,21 @@ def gemm_w4(
         else:
             row_scale = a.row_scale.float().reshape(-1).contiguous()
         M = a1.shape[0]
-    elif isinstance(a, tuple):
-        mode, a1, a2 = A_SPLIT, a[0].contiguous(), a[1].contiguous()
+    elif isinstance(a, SplitAct):
+        mode, a1 = A_SPLIT, a.hilo.contiguous()
+        if a1.dtype != torch.bfloat16:
+            raise TypeError("SplitAct.hilo must be bf16")
         op = tl.bfloat16
         M = a1.shape[0]
     elif isinstance(a, torch.Tensor):
         if a.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError("a plain activation tensor must be bf16/fp16 (pass a (hi, lo) pair for fp32)")
+            raise TypeError("a plain activation tensor must be bf16/fp16 (pass a SplitAct for fp32)")
         mode, a1 = A_DENSE, a.contiguous()
         op = tl.bfloat16 if a.dtype == torch.bfloat16 else tl.float16
         M = a1.shape[0]
     else:
         raise TypeError(f"unsupported activation operand {type(a).__name__}")
-    ka = a1.shape[1] * (2 if mode == A_NVFP4 else 1)
+    ka = a1.shape[1] * {A_NVFP4: 2, A_SPLIT: 0.5}.get(mode, 1)
     if ka != K:
         raise ValueError(f"activation K={ka} does not match the weight's K={K}")
     if K % FP4_BLOCK:
@@ -229,15 +247,17 @@ def gemm_w4(
     cfg = config or (INTERP_CONFIG if interp else CUDA_CONFIGS[mode])
     bm, bn, bk, gm, nw, ns, swap = cfg
     bk = min(bk, max(16, triton.next_power_of_2(K)))
+    if mode == A_SPLIT:
+        bk = min(bk, _lowbit(K))  # the [hi | lo] halves must not share a K tile
     dummy = wts
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _gemm_w4_kernel[grid](
-        a1, a2 if a2 is not None else a1, a_sc if a_sc is not None else wd, wd, ws, wts,
+        a1, a_sc if a_sc is not None else wd, wd, ws, wts,
         a_ts if a_ts is not None else dummy, row_scale if row_scale is not None else dummy,
         bias if bias is not None else dummy, out,
         M, N, K, a1.stride(0), out.stride(0),
         A_MODE=mode, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
-        OP=op, SWAP=swap, EVEN_K=(K % bk == 0),
+        OP=op, SWAP=swap, EVEN_K=(K % bk == 0), SVEC=min(bk // 16, _lowbit(K // 16)),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
     )
     return out

@@ -53,7 +53,7 @@ def _gemm_w8a8_kernel(
         else:
             a = tl.load(a_ptrs, mask=(k0 + kb)[None, :] < K, other=0)
             w = tl.load(w_ptrs, mask=(k0 + kb)[:, None] < K, other=0)
-        acc += tl.dot(a, w)
+        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 

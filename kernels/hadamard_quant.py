@@ -1,17 +1,20 @@
 """Fused activation quantization: block Hadamard → NVFP4 or INT8, with the PDR outlier count.
 
-Two kernels, both reading the activations once per pass and never writing the rotated tensor:
+Two kernels; neither writes the rotated tensor to memory:
 
-``_rows_kernel`` (token-resident). A program owns ``TOK`` whole tokens (rows of ``x [M, K]``). It loads
-them as one ``[TOK * NCH, BK]`` register tile — row ``i`` is chunk ``i % NCH`` of token ``i // NCH``, K is
-cut into ``NCH`` chunks of ``BK`` columns (``NCH`` padded to a power of two, padding masked) — rotates the
-tile with one tensor-core dot against a block-diagonal ±1 matrix, and then has every token's full row in
-registers: per-token amax (INT8 scale) and per-token RMS (outlier threshold) need no second read. Modes:
+``_rows_kernel`` (token-resident). A program owns ``TOK`` whole tokens (rows of ``x [M, K]``). K is cut
+into chunks of ``BK`` (≤ 128) columns; a step loads ``G`` chunks of each of the ``TOK`` tokens as one
+``[TOK * G, BK]`` register tile (row ``i`` is chunk ``i % G`` of token ``i // G``; ``G`` a power of two,
+padding masked) and rotates it with one tensor-core dot against a block-diagonal ±1 matrix. When a token
+fits in one step (K ≤ 128 · G: every CogVideoX width except 12288 at the default tile) the kernel has whole
+rows in registers: per-token amax (INT8 scale) and RMS (outlier threshold) need no second read. Otherwise
+a second pass re-reads the program's own ``TOK * K`` values, which are still in L2, so DRAM sees one read.
+Modes:
 
 * ``INT8``  → INT8 codes + per-token scale (``formats.quantize_int8`` of the rotated rows).
 * ``AMAX``  → the NVFP4 pre-pass: global amax of the rotated tensor (``tl.atomic_max`` on the int32 bit
   pattern of |x|, which orders non-negative floats exactly and makes NaN win over inf, as torch's amax).
-* ``SPLIT`` → the rotated rows as a bf16 pair ``hi + lo`` (≈16 significant bits) for the W4A16 GEMM.
+* ``SPLIT`` → the rotated rows as a bf16 pair ``[hi | lo]`` (≈16 significant bits) for the W4A16 GEMM.
 * ``STATS`` → only the outlier count.
 
 Every mode can also count outliers (``|x| > k_sigma * rms(token)`` on the *un-rotated* row, exactly
@@ -55,12 +58,13 @@ from ._common import (
     rne_int,
     rotate,
 )
+from .gemm_w4 import SplitAct
 
 MODE_INT8, MODE_AMAX, MODE_SPLIT, MODE_STATS = 0, 1, 2, 3
-#: rows of the token-resident register tile (TOK * NCH); 128 keeps ≤ 16K fp32 values per program
+#: rows of the token-resident register tile (TOK * G) used by the interpreter
 ROWS_TILE = 128
-#: the token-resident kernel holds whole rows: K / BK chunks must fit in ROWS_TILE rows (K ≤ 16384 at BK 128)
-MAX_CHUNKS = ROWS_TILE
+#: at most this many register-tile steps per token (K ≤ 8 * 128 * 128 = 131072)
+MAX_CHUNKS = 8 * 128
 
 
 def _inv_sqrt(b: int) -> float:
@@ -71,61 +75,108 @@ def _inv_sqrt(b: int) -> float:
 
 
 @triton.jit
-def _rows_kernel(
-    x_ptr, q_ptr, q2_ptr, scale_ptr, amax_ptr, count_ptr,
-    M, K, stride_xm, stride_qm, k_sigma,
-    MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr,
-    HB: tl.constexpr, INV_SQRT: tl.constexpr,
-    TOK: tl.constexpr, NCH: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    R: tl.constexpr = TOK * NCH
-    i = tl.arange(0, R)
-    tok = pid * TOK + i // NCH
-    ch = i % NCH
-    col = tl.arange(0, BK)
-    kk = ch[:, None] * BK + col[None, :]
-    valid = (tok[:, None] < M) & (kk < K)
-    tok64 = tok.to(tl.int64)
-    x = tl.load(x_ptr + tok64[:, None] * stride_xm + kk, mask=valid, other=0.0)
-    r = rotate(x, BK, HB, INV_SQRT, INTERP)  # fp32 [R, BK]
-
+def _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv, thr,
+               MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr,
+               TOK: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """Second half of a step: INT8 codes of the rotated tile ``r`` and the outlier hits of ``x``."""
+    n = 0
     if OUTLIERS:
-        xf = tl.reshape(x.to(tl.float32), (TOK, NCH, BK))
-        sumsq = tl.sum(tl.sum(xf * xf, axis=2), axis=1)  # [TOK]
-        rms = tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32)))
-        thr = k_sigma * rms
+        xf = tl.reshape(x.to(tl.float32), (TOK, G, BK))
         hits = tl.abs(xf) > thr[:, None, None]
         n = tl.sum(tl.sum(tl.sum(hits.to(tl.int32), axis=2), axis=1), axis=0)
-        tl.atomic_add(count_ptr, n)
-
-    if MODE == 0:  # INT8 per token
-        r3 = tl.reshape(r, (TOK, NCH, BK))
-        amax_bits = tl.max(tl.max(absbits(r3), axis=2), axis=1)  # [TOK]
-        amax = amax_bits.to(tl.float32, bitcast=True)
-        amax_safe = tl.where(amax == 0.0, 127.0, amax)
-        # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
-        inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
-        scale = tl.math.div_rn(amax_safe, 127.0)
-        scale = tl.where(amax_bits < 0x7F800000, scale, float("nan"))
+    if MODE == 0:
+        r3 = tl.reshape(r, (TOK, G, BK))
         q = rne_int(r3 * inv[:, None, None])
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-        q = tl.where(q == q, q, 0.0)
-        q = tl.reshape(q, (R, BK))
+        q = tl.where(q == q, q, 0.0)  # non-finite rows: codes 0 (their scale is NaN)
+        q = tl.reshape(q, (TOK * G, BK))
         if DENSE:
             tl.store(q_ptr + tok64[:, None] * stride_qm + kk, q.to(tl.float16), mask=valid)
         else:
             tl.store(q_ptr + tok64[:, None] * stride_qm + kk, q.to(tl.int8), mask=valid)
+    return n
+
+
+@triton.jit
+def _rows_kernel(
+    x_ptr, q_ptr, scale_ptr, amax_ptr, count_ptr,
+    M, K, stride_xm, stride_qm, k_sigma,
+    MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr,
+    HB: tl.constexpr, INV_SQRT: tl.constexpr,
+    TOK: tl.constexpr, G: tl.constexpr, NSTEP: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    R: tl.constexpr = TOK * G
+    i = tl.arange(0, R)
+    tok = pid * TOK + i // G
+    g = i % G
+    col = tl.arange(0, BK)
+    tok64 = tok.to(tl.int64)
+    rowmask = tok[:, None] < M
+    xrow = x_ptr + tok64[:, None] * stride_xm
+
+    # ---- pass 1: statistics (and the outputs that need none)
+    amax_tok = tl.zeros((TOK,), dtype=tl.int32)
+    sumsq = tl.zeros((TOK,), dtype=tl.float32)
+    gmax = 0
+    for s in tl.static_range(NSTEP):
+        kk = (s * G + g)[:, None] * BK + col[None, :]
+        valid = rowmask & (kk < K)
+        x = tl.load(xrow + kk, mask=valid, other=0.0)
+        if MODE != 3:
+            r = rotate(x, BK, HB, INV_SQRT, INTERP)  # fp32 [R, BK]
+        else:
+            r = x
+        if OUTLIERS:
+            xf = tl.reshape(x.to(tl.float32), (TOK, G, BK))
+            sumsq += tl.sum(tl.sum(xf * xf, axis=2), axis=1)
+        if MODE == 0:
+            amax_tok = tl.maximum(amax_tok, tl.max(tl.max(absbits(tl.reshape(r, (TOK, G, BK))), axis=2), axis=1))
+        elif MODE == 1:
+            gmax = tl.maximum(gmax, tl.max(tl.max(absbits(r), axis=1), axis=0))
+        elif MODE == 2:  # rotated rows as a bf16 pair, stored [hi | lo] along the row
+            hi = r.to(tl.bfloat16)
+            lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
+            tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
+            tl.store(q_ptr + tok64[:, None] * stride_qm + K + kk, lo, mask=valid)
+    if MODE == 1:
+        tl.atomic_max(amax_ptr, gmax)
+
+    # ---- per-token results
+    inv = tl.zeros((TOK,), dtype=tl.float32)
+    if MODE == 0:
+        amax = amax_tok.to(tl.float32, bitcast=True)
+        amax_safe = tl.where(amax == 0.0, 127.0, amax)
+        # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
+        inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
+        scale = tl.math.div_rn(amax_safe, 127.0)
+        scale = tl.where(amax_tok < 0x7F800000, scale, float("nan"))
         t1 = pid * TOK + tl.arange(0, TOK)
         tl.store(scale_ptr + t1, scale, mask=t1 < M)
-    elif MODE == 1:  # NVFP4 pre-pass: global amax of the rotated tensor
-        m = tl.max(tl.max(absbits(r), axis=1), axis=0)
-        tl.atomic_max(amax_ptr, m)
-    elif MODE == 2:  # rotated rows as a bf16 hi/lo pair
-        hi = r.to(tl.bfloat16)
-        lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
-        tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
-        tl.store(q2_ptr + tok64[:, None] * stride_qm + kk, lo, mask=valid)
+    thr = tl.zeros((TOK,), dtype=tl.float32)
+    if OUTLIERS:
+        thr = k_sigma * tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32)))
+
+    # ---- pass 2: codes and outlier hits (a single step reuses the tile in registers; more steps
+    #      re-read this program's rows, TOK * K values, which are still in L2)
+    if MODE == 0 or OUTLIERS:
+        n = 0
+        if NSTEP == 1:
+            n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv, thr,
+                            MODE, DENSE, OUTLIERS, TOK, G, BK)
+        else:
+            for s in tl.static_range(NSTEP):
+                kk = (s * G + g)[:, None] * BK + col[None, :]
+                valid = rowmask & (kk < K)
+                x = tl.load(xrow + kk, mask=valid, other=0.0)
+                if MODE == 0:
+                    r = rotate(x, BK, HB, INV_SQRT, INTERP)
+                else:
+                    r = x
+                n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv, thr,
+                                MODE, DENSE, OUTLIERS, TOK, G, BK)
+        if OUTLIERS:
+            tl.atomic_add(count_ptr, n)
 
 
 # ---------------------------------------------------------------------------------------- NVFP4 tiles
@@ -213,28 +264,42 @@ def _prep(x2d: torch.Tensor, hadamard_block: int | None):
     return x2d.contiguous(), M, K, hb, bk, nchr, interp
 
 
-def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, q2=None, scale=None, amax=None,
-                 k_sigma=None, dense=False, rows_tile=ROWS_TILE, num_warps=None):
-    nch = triton.next_power_of_2(nchr)
-    tok = max(1, rows_tile // nch)
+def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE):
+    """(TOK tokens per program, G chunks per step, NSTEP steps) for a row of ``nchr`` chunks."""
+    g = min(triton.next_power_of_2(nchr), rows_tile)
+    return max(1, rows_tile // g), g, triton.cdiv(nchr, g)
+
+
+#: (rows per register tile, num_warps) of the token-resident kernel on CUDA; benchmarks/kernels.py --tune
+CUDA_ROWS_CONFIG = (64, 8)
+#: (rows per program, num_warps) of the NVFP4 tile kernel on CUDA
+CUDA_NVFP4_CONFIG = (64, 8)
+
+
+def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, amax=None,
+                 k_sigma=None, dense=False, config=None):
+    rows_tile, nw = config or ((ROWS_TILE, 4) if interp else CUDA_ROWS_CONFIG)
+    tok, g, nstep = rows_geometry(nchr, rows_tile)
+    if nstep > 8:
+        raise ValueError(f"K={K}: more than 8 register-tile steps per token ({nchr} chunks of {bk}, tile {rows_tile})")
     count = torch.zeros((), dtype=torch.int32, device=x.device) if k_sigma is not None else None
     dummy = x
     grid = (triton.cdiv(M, tok),)
-    nw = num_warps or (4 if tok * nch * bk <= 8192 else 8)
     stride_q = q.stride(0) if q is not None else 0
     _rows_kernel[grid](
-        x, q if q is not None else dummy, q2 if q2 is not None else dummy,
+        x, q if q is not None else dummy,
         scale if scale is not None else dummy, amax if amax is not None else dummy,
         count if count is not None else dummy,
         M, K, x.stride(0), stride_q, float(k_sigma) if k_sigma is not None else 0.0,
         MODE=mode, DENSE=dense, OUTLIERS=k_sigma is not None, HB=hb, INV_SQRT=_inv_sqrt(hb),
-        TOK=tok, NCH=nch, BK=bk, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
+        TOK=tok, G=g, NSTEP=nstep, BK=bk, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
     )
     return count
 
 
 def quantize_int8_act(
-    x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *, dense: bool = False
+    x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *, dense: bool = False,
+    config: tuple | None = None,
 ):
     """Fused ``block_hadamard`` + per-token INT8 (+ outlier count) in one read of ``x2d [M, K]``.
 
@@ -244,21 +309,23 @@ def quantize_int8_act(
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     q = torch.empty((M, K), dtype=torch.float16 if dense else torch.int8, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=dense)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=dense,
+                         config=config)
     return Int8Tensor(q, scale, x2d.dtype), count
 
 
-def nvfp4_amax(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None):
+def nvfp4_amax(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
+               config: tuple | None = None):
     """The NVFP4 pre-pass: (int32 bit pattern of amax(|block_hadamard(x)|) as a 1-element tensor, count)."""
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=config)
     return amax, count
 
 
 def quantize_nvfp4_act(
     x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
-    dense: bool = False, block_rows: int = 64,
+    dense: bool = False, config: tuple | None = None, rows_config: tuple | None = None,
 ):
     """Fused ``block_hadamard`` + NVFP4 with the per-tensor scale of the rotated tensor (+ outlier count).
 
@@ -269,8 +336,9 @@ def quantize_nvfp4_act(
     """
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=rows_config)
     mr = M * nchr
+    block_rows, nw = config or ((64, 4) if interp else CUDA_NVFP4_CONFIG)
     ts = torch.empty((), dtype=torch.float32, device=x.device)
     scales = torch.empty((M, K // FP4_BLOCK), dtype=torch.uint8, device=x.device)
     if dense:
@@ -282,27 +350,27 @@ def quantize_nvfp4_act(
     grid = (triton.cdiv(mr, block_rows),)
     _nvfp4_kernel[grid](
         x, data, scales, ts, amax, vals, mr, BLOCK_R=block_rows, BK=bk, HB=hb, INV_SQRT=_inv_sqrt(hb),
-        DENSE=dense, INTERP=interp, num_warps=4, enable_fp_fusion=False,
+        DENSE=dense, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
     )
     if dense:
         return (vals, scales.view(torch.float8_e4m3fn), ts), count
     return NVFP4Tensor(data, scales.view(torch.float8_e4m3fn), ts, x2d.dtype), count
 
 
-def rotate_split(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None):
-    """``block_hadamard(x)`` (fp32 math) returned as a bf16 pair ``(hi, lo)`` with ``hi + lo`` within
-    ~2**-17 relative of the fp32 rotation — the activation operand of the W4A16 GEMM — plus the count."""
+def rotate_split(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
+                 config: tuple | None = None):
+    """``block_hadamard(x)`` (fp32 math) as a :class:`SplitAct`: one bf16 ``[M, 2K]`` tensor ``[hi | lo]``
+    with ``hi + lo`` within ~2**-17 relative of the fp32 rotation (the W4A16 GEMM operand), plus the count."""
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
-    hi = torch.empty((M, K), dtype=torch.bfloat16, device=x.device)
-    lo = torch.empty((M, K), dtype=torch.bfloat16, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_SPLIT, q=hi, q2=lo, k_sigma=k_sigma)
-    return (hi, lo), count
+    hilo = torch.empty((M, 2 * K), dtype=torch.bfloat16, device=x.device)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_SPLIT, q=hilo, k_sigma=k_sigma, config=config)
+    return SplitAct(hilo), count
 
 
-def outlier_count(x2d: torch.Tensor, k_sigma: float):
+def outlier_count(x2d: torch.Tensor, k_sigma: float, *, config: tuple | None = None):
     """``formats.outlier_count(x2d, k_sigma)[0]`` in one read of ``x2d`` (int32 0-d tensor)."""
     x, M, K, hb, bk, nchr, interp = _prep(x2d, None)
-    return _rows_launch(x, M, K, 0, bk, nchr, interp, MODE_STATS, k_sigma=k_sigma)
+    return _rows_launch(x, M, K, 0, bk, nchr, interp, MODE_STATS, k_sigma=k_sigma, config=config)
 
 
 __all__ = [

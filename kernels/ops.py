@@ -257,8 +257,8 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
         return gemm_w8a8(q, w, bias, out_dtype), count
     # w4a16
     if hb or x2.dtype == torch.float32:
-        pair, count = rotate_split(x2, hb, k_sigma)
-        return gemm_w4(pair, w, bias, out_dtype), count
+        split, count = rotate_split(x2, hb, k_sigma)
+        return gemm_w4(split, w, bias, out_dtype), count
     count = _outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None
     return gemm_w4(x2, w, bias, out_dtype), count
 

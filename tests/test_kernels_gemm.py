@@ -79,7 +79,7 @@ def test_gemm_w4a16(m, n, k, dtype):
     w4 = F.quantize_nvfp4(w)
     ref = x.float() @ w4.dequantize(torch.float32).T + b
     assert _rel(g4.gemm_w4(x.to(DEV), w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
-    # fp32-precision activations (here: Hadamard-rotated) through the bf16 hi/lo pair
+    # fp32-precision activations (here: Hadamard-rotated) through the bf16 [hi | lo] split
     hb = 16
     xr = F.block_hadamard(x, hb)
     wr = F.quantize_weight(w, "nvfp4", hb)
