@@ -179,12 +179,23 @@ def _run_pipeline(pipe, gen_defaults: dict, params: dict, phase: str, handle, em
         output_type="np", callback_on_step_end=on_step_end, num_videos_per_prompt=1,
     )
     cuda = pipe.device.type == "cuda"
+    peak_hook = None
     if cuda:
+        # Peak memory from the first transformer call to the end of the call (denoising + VAE decode),
+        # the same window for both runs (the engine also resets the peak when its run starts).
+        def reset_peak(module, args):
+            torch.cuda.reset_peak_memory_stats()
+            peak_hook.remove()
+
+        peak_hook = pipe.transformer.register_forward_pre_hook(reset_peak)
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        frames = pipe(**kwargs).frames[0]
+    try:
+        with torch.inference_mode():
+            frames = pipe(**kwargs).frames[0]
+    finally:
+        if peak_hook is not None:
+            peak_hook.remove()
     if cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0

@@ -211,7 +211,7 @@ class DemoController:
             ["speed-up (wall time)", "1×", _fmt(speed, "×")],
             ["time per denoising step (steps 2..N)", _fmt(base.step_time_s, " s"), _fmt(six.step_time_s, " s")],
             ["speed-up (per step)", "1×", _fmt(step_speed, "×")],
-            ["peak accelerator memory", _mib(base.peak_mem_bytes), _mib(six.peak_mem_bytes)],
+            ["peak GPU memory (denoising + decode)", _mib(base.peak_mem_bytes), _mib(six.peak_mem_bytes)],
             ["average activation bits", _fmt(base.act_bits), _fmt(summary.get("avg_act_bits", six.act_bits))],
             ["blocks skipped (TDC)", "0%", _fmt(None if skip is None else 100 * skip, "%")],
             ["PDR refreshes", "0", str(summary.get("pdr_count", "n/a"))],
