@@ -287,18 +287,18 @@ class DemoController:
         n = params["steps"]
         base: RunResult | None = cached
         wait_msg = "the 6Bit run starts after the baseline" if cached is None else "waiting for the first step"
-        yield self.out(
-            status=status_html("running", "starting…" + (" (baseline cached ✓)" if cached else ""), 0.0),
-            precision=figures.placeholder("Activation precision per layer × step", wait_msg),
-            skips=figures.placeholder("Block decisions per step (Temporal Delta Cache / PDR)", wait_msg),
-            curves=figures.placeholder("Γ and accumulated cache error", wait_msg),
-            baseline_video=cached.video_path if cached else None, sixbit_video=None,
-            metrics=None, path_info="", trace_file=None,
-        )
         last_draw = 0.0
         trace = None
         job = None
         try:
+            yield self.out(
+                status=status_html("running", "starting…" + (" (baseline cached ✓)" if cached else ""), 0.0),
+                precision=figures.placeholder("Activation precision per layer × step", wait_msg),
+                skips=figures.placeholder("Block decisions per step (Temporal Delta Cache / PDR)", wait_msg),
+                curves=figures.placeholder("Γ and accumulated cache error", wait_msg),
+                baseline_video=cached.video_path if cached else None, sixbit_video=None,
+                metrics=None, path_info="", trace_file=None,
+            )
             job = self.job_fn(job_id=session, model_id=model_id, params=params, preset=preset, overrides=over,
                               need_baseline=cached is None)
             for kind, ev in job:
