@@ -195,14 +195,20 @@ or.b32 $3, a, b;
 """)
 
 
+#: decode NVFP4 tiles with the inline-PTX path on CUDA (False: the portable element-wise path, which the
+#: interpreter always uses); a switch so a benchmark can compare both or fall back
+PTX_DECODE = True
+
+
 @triton.jit
-def decode_nvfp4(packed, scales, R: tl.constexpr, BK: tl.constexpr, OUT: tl.constexpr, INTERP: tl.constexpr):
+def decode_nvfp4(packed, scales, R: tl.constexpr, BK: tl.constexpr, OUT: tl.constexpr, PTX: tl.constexpr):
     """Decode an NVFP4 tile: ``packed`` uint8 ``[R, BK//2]``, ``scales`` uint8 (e4m3 bits) ``[R, BK//16]``
     → ``[R, BK]`` of dtype OUT (fp16 or bf16) holding ``E2M1 * bs * 2**-7`` exactly.
 
-    On the GPU the bit placement runs as inline PTX on whole 32-bit registers (8 codes at a time); the
-    interpreter (which cannot run PTX) does the same placement element by element."""
-    if INTERP:
+    With ``PTX`` (CUDA) the bit placement runs as inline PTX on whole 32-bit registers (8 codes at a time)
+    and the scales use the native e4m3x2 → f16x2 conversion; otherwise (always in the interpreter, which
+    cannot run PTX) the same placement is done element by element."""
+    if not PTX:
         p = packed.to(tl.int16)
         lo = e2m1_half(p & 0xF)
         hi = e2m1_half((p >> 4) & 0xF)
@@ -211,7 +217,7 @@ def decode_nvfp4(packed, scales, R: tl.constexpr, BK: tl.constexpr, OUT: tl.cons
             _DECODE_ASM, "=r,=r,=r,=r,r", [packed], dtype=(tl.float16, tl.float16), is_pure=True, pack=4
         )
     v = tl.reshape(tl.join(lo, hi), (R, BK))
-    if INTERP:
+    if not PTX:
         s = (e4m3_to_f32(scales) * 128.0).to(tl.float16)
     else:  # native e4m3x2 → f16x2 conversion (sm_89+); * 128 is exact in fp16 (448 * 128 < 65504)
         s = scales.to(tl.float8e4nv, bitcast=True).to(tl.float16) * 128.0

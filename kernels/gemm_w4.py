@@ -33,6 +33,7 @@ import triton.language as tl
 
 from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
 
+from . import _common
 from ._common import cast_out, check_launchable, decode_nvfp4, dot
 
 A_DENSE, A_SPLIT, A_NVFP4, A_INT8 = 0, 1, 2, 3
@@ -77,7 +78,7 @@ def _gemm_w4_kernel(
     A_MODE: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     OP: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr, SVEC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, PTX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -124,7 +125,7 @@ def _gemm_w4_kernel(
         else:
             wp = tl.load(w_ptr + w_off, mask=(k0 // 2 + kh)[None, :] < KH, other=0)
             wsc = tl.load(ws_ptr + s_off, mask=(k0 // 16 + ks)[None, :] < KS, other=0)
-        w = decode_nvfp4(wp, wsc, BLOCK_N, BLOCK_K, OP, INTERP)  # [BN, BK]
+        w = decode_nvfp4(wp, wsc, BLOCK_N, BLOCK_K, OP, PTX)  # [BN, BK]
 
         # ---- activation tile
         a_off = rm[:, None] * stride_am + (ka + kb)[None, :]
@@ -138,7 +139,7 @@ def _gemm_w4_kernel(
             else:
                 ap = tl.load(a_ptr + ap_off, mask=(k0 // 2 + kh)[None, :] < KH, other=0)
                 asc = tl.load(as_ptr + as_off, mask=(k0 // 16 + ks)[None, :] < KS, other=0)
-            a = decode_nvfp4(ap, asc, BLOCK_M, BLOCK_K, OP, INTERP)
+            a = decode_nvfp4(ap, asc, BLOCK_M, BLOCK_K, OP, PTX)
         else:
             if EVEN_K:
                 a = tl.load(a_ptr + a_off)
@@ -258,7 +259,8 @@ def gemm_w4(
         M, N, K, a1.stride(0), out.stride(0),
         A_MODE=mode, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
         OP=op, SWAP=swap, EVEN_K=(K % bk == 0), SVEC=min(bk // 16, _lowbit(K // 16)),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, PTX=_common.PTX_DECODE and not interp,
+        num_warps=nw, num_stages=ns,
     )
     return out
 

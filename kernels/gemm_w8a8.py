@@ -97,7 +97,7 @@ def gemm_w8a8(
     if M == 0:
         return out
     bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else CUDA_CONFIG)
-    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    bk = min(bk, max(32, triton.next_power_of_2(K)))  # int8 tensor-core dots need K tiles of >= 32
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
     _gemm_w8a8_kernel[grid](
         qa, qw, sa, sw, bias if bias is not None else sa, out,

@@ -138,8 +138,11 @@ def test_gemm_w8a8_production_tiles():
     assert _rel(g8.gemm_w8a8(q8, w8.to(DEV), b.to(DEV), torch.float32, config=g8.CUDA_CONFIG), ref) <= TOL
 
 
-def test_decoded_weights_are_exact_halves():
-    """The in-kernel decode (bit placement × scale·2**7) reproduces E2M1 × bs exactly: an identity GEMM."""
+@pytest.mark.parametrize("ptx", [True, False])
+def test_decoded_weights_are_exact_halves(ptx, monkeypatch):
+    """The in-kernel decode (bit placement × scale·2**7) reproduces E2M1 × bs exactly: an identity GEMM.
+    On CUDA both decoders run (inline PTX and the portable one); the interpreter always uses the latter."""
+    monkeypatch.setattr(sk._common, "PTX_DECODE", ptx)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(32, 64, generator=g) * torch.logspace(-3, 3, 32).unsqueeze(1)
     w4 = F.quantize_nvfp4(w)
