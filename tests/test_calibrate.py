@@ -12,6 +12,8 @@ from sixbit import Policy, SixBitConfig
 from sixbit.calibrate import calibrate, fit_line, main, read_prompts
 from sixbit.testing import COGVIDEOX_CALL, generate, save_and_reload, tiny_cogvideox_pipeline
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CALL = {k: COGVIDEOX_CALL[k] for k in ("height", "width", "num_frames", "max_sequence_length")}
 
 

@@ -12,6 +12,8 @@ from sixbit import SixBitConfig
 from sixbit.linear import SixBitLinear
 from sixbit.testing import generate, save_and_reload, tiny_cogvideox_pipeline
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 COMPUTE_PATHS = {"cpu-reference", "cuda-reference", "hopper-triton", "blackwell-native (unverified)"}
 
 

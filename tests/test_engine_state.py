@@ -9,6 +9,8 @@ import sixbit
 from sixbit import SixBitConfig
 from sixbit.testing import generate, tiny_cogvideox_pipeline
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture()
 def pipe():
@@ -37,6 +39,7 @@ def test_step_callback_streams_and_interrupt_leaves_no_state(pipe):
 
 _FRESH = """
 import sys, torch, sixbit
+torch.set_num_threads(1)
 from sixbit import SixBitConfig
 from sixbit.testing import generate, tiny_cogvideox_pipeline
 kw = dict(num_frames=int(sys.argv[1]), height=int(sys.argv[2]), width=32, num_inference_steps=int(sys.argv[3]),

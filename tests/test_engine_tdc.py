@@ -12,6 +12,8 @@ from sixbit import SixBitConfig, SkipSchedule
 from sixbit import pdr as pdr_rule
 from sixbit.testing import generate, tiny_cogvideox_pipeline
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FORCE = dict(tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
 
 

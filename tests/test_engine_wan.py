@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 import sixbit
 from sixbit import SixBitConfig
 from sixbit.testing import generate, tiny_wan_pipeline
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_wan_apply_trace_and_round_trip():

@@ -9,6 +9,8 @@ from torch import nn
 from sixbit import formats
 from sixbit.linear import SixBitLinear, effective_hadamard_block, ops, restore_linears, swap_linears
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _model():
     torch.manual_seed(0)

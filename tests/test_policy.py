@@ -13,6 +13,8 @@ from sixbit.config import PRESETS, ConfigError, SixBitConfig
 from sixbit.policy import LinearFit, Policy, PolicyError
 from sixbit.testing import tiny_cogvideox_pipeline
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _policy() -> Policy:
     return Policy(
