@@ -61,9 +61,27 @@ def lowbit(n: int) -> int:
     return n & -n
 
 
-def chunk_width(k: int, cap: int = 128) -> int:
-    """The K-chunk the activation kernels rotate at once: the largest power of two ≤ ``cap`` dividing K."""
-    return min(cap, lowbit(k))
+def chunk_width(k: int, hadamard_block: int = 0) -> int:
+    """The K-chunk the activation kernels rotate at once: a power of two dividing K, at most 128, and — with a
+    rotation — ``max(64, block)`` when K allows (a 64-wide block-diagonal ±1 matrix keeps the tensor-core
+    work per element small; wider chunks only add zero blocks)."""
+    bk = min(128, lowbit(k))
+    if hadamard_block:
+        bk = min(bk, max(64, hadamard_block))
+    return bk
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device (4 for the interpreter: enough programs to exercise loops)."""
+    if device.type != "cuda" or interpreting():
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
 
 
 def gl_dtype(dtype: torch.dtype):
@@ -102,8 +120,19 @@ def hadamard_blockdiag(BK: tl.constexpr, HB: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def rotate(x, BK: tl.constexpr, HB: tl.constexpr, INV_SQRT: tl.constexpr, INTERP: tl.constexpr):
-    """Block-Hadamard rotation of a ``[R, BK]`` tile along its last dim (fp32 result).
+def make_h(xdtype: tl.constexpr, BK: tl.constexpr, HB: tl.constexpr):
+    """The ±1 block-diagonal rotation matrix for activations of dtype ``xdtype`` (a dummy when HB == 0)."""
+    if HB == 0:
+        return 0
+    elif xdtype == tl.float32:
+        return hadamard_blockdiag(BK, HB, tl.float32)
+    else:
+        return hadamard_blockdiag(BK, HB, xdtype)
+
+
+@triton.jit
+def rotate(x, h, HB: tl.constexpr, INV_SQRT: tl.constexpr, INTERP: tl.constexpr):
+    """Block-Hadamard rotation of a ``[R, BK]`` tile along its last dim (fp32 result); ``h`` from make_h.
 
     ``x @ blockdiag(±1)`` on the tensor cores (exact ±1 operands, fp32 accumulation), then one multiply by
     ``fp32(1/sqrt(HB))``. The reference computes ``x @ (H / sqrt(HB))``; for HB = 16, 64 the factor is a
@@ -113,10 +142,6 @@ def rotate(x, BK: tl.constexpr, HB: tl.constexpr, INV_SQRT: tl.constexpr, INTERP
     if HB == 0:
         return x.to(tl.float32)
     else:
-        if x.dtype == tl.float32:
-            h = hadamard_blockdiag(BK, HB, tl.float32)
-        else:
-            h = hadamard_blockdiag(BK, HB, x.dtype)
         return dot(x, h, INTERP) * INV_SQRT
 
 
@@ -153,6 +178,26 @@ def e4m3_to_f32(u):
     sub = tl.where((b & 0x80) != 0, -sub, sub)
     val = tl.where(e == 0, sub, normal)
     return tl.where((b & 0x7F) == 0x7F, float("nan"), val)
+
+
+@triton.jit
+def e2m1_encode(v):
+    """fp32 values (already divided by the block scale) → E2M1 codes 0..15, round to nearest, ties to the
+    even code, saturating at ±6 — ``formats.e2m1_encode`` without its seven threshold compares.
+
+    |v| < 1 is E2M1's subnormal range with step 0.5: ``rne(2|v|)`` is the code (0, 1 or 2 = 1.0). |v| ≥ 1
+    rounds the fp32 mantissa to one bit (ties to even, i.e. to the even code) and reads exponent and that
+    bit as the code, ``((bits >> 22) & 0x1FF) - 252``, saturated at 7. The sign comes from the sign bit,
+    so -0.0 and tiny negatives give code 8 like the reference. Codes of NaN inputs are unspecified (their
+    block scale is NaN)."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = tl.abs(v)
+    ab = bits & 0x7FFFFFFF
+    rb = ab + 0x1FFFFF + ((ab >> 22) & 1)
+    normal = tl.minimum((rb >> 22) - 252, 7)
+    sub = rne_int(a * 2.0).to(tl.int32)
+    mag = tl.where(a < 1.0, sub, normal)
+    return mag | ((bits >> 28) & 8)
 
 
 @triton.jit

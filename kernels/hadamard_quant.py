@@ -53,8 +53,11 @@ from ._common import (
     check_launchable,
     chunk_width,
     dot,
+    e2m1_encode,
     e2m1_half,
     e4m3_round,
+    make_h,
+    num_sms,
     rne_int,
     rotate,
 )
@@ -75,26 +78,39 @@ def _inv_sqrt(b: int) -> float:
 
 
 @triton.jit
-def _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv, thr,
-               MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr,
-               TOK: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """Second half of a step: INT8 codes of the rotated tile ``r`` and the outlier hits of ``x``."""
+def _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r,
+               MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr):
+    """Second half of a step: INT8 codes of the rotated tile ``r`` and the outlier hits of ``x``
+    (``inv_r``, ``thr_r``: per-row copies of the per-token values)."""
     n = 0
     if OUTLIERS:
-        xf = tl.reshape(x.to(tl.float32), (TOK, G, BK))
-        hits = tl.abs(xf) > thr[:, None, None]
-        n = tl.sum(tl.sum(tl.sum(hits.to(tl.int32), axis=2), axis=1), axis=0)
+        hits = tl.abs(x.to(tl.float32)) > thr_r[:, None]
+        n = tl.sum(tl.sum(hits.to(tl.int32), axis=1), axis=0)
     if MODE == 0:
-        r3 = tl.reshape(r, (TOK, G, BK))
-        q = rne_int(r3 * inv[:, None, None])
+        q = rne_int(r * inv_r[:, None])
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
         q = tl.where(q == q, q, 0.0)  # non-finite rows: codes 0 (their scale is NaN)
-        q = tl.reshape(q, (TOK * G, BK))
         if DENSE:
             tl.store(q_ptr + tok64[:, None] * stride_qm + kk, q.to(tl.float16), mask=valid)
         else:
             tl.store(q_ptr + tok64[:, None] * stride_qm + kk, q.to(tl.int8), mask=valid)
     return n
+
+
+@triton.jit
+def _tok_reduce(v, TOK: tl.constexpr, G: tl.constexpr, IS_MAX: tl.constexpr):
+    """[TOK * G] per-row values → [TOK] per-token max / sum."""
+    v2 = tl.reshape(v, (TOK, G))
+    if IS_MAX:
+        return tl.max(v2, axis=1)
+    else:
+        return tl.sum(v2, axis=1)
+
+
+@triton.jit
+def _tok_expand(v, TOK: tl.constexpr, G: tl.constexpr):
+    """[TOK] per-token values → [TOK * G] per-row copies."""
+    return tl.reshape(tl.broadcast_to(v[:, None], (TOK, G)), (TOK * G,))
 
 
 @triton.jit
@@ -105,78 +121,83 @@ def _rows_kernel(
     HB: tl.constexpr, INV_SQRT: tl.constexpr,
     TOK: tl.constexpr, G: tl.constexpr, NSTEP: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
 ):
+    # persistent: a program walks token blocks pid, pid + nprog, ...; the Hadamard matrix is built once
     pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    nblk = tl.cdiv(M, TOK)
+    h = make_h(x_ptr.dtype.element_ty, BK, HB)
     R: tl.constexpr = TOK * G
     i = tl.arange(0, R)
-    tok = pid * TOK + i // G
     g = i % G
     col = tl.arange(0, BK)
-    tok64 = tok.to(tl.int64)
-    rowmask = tok[:, None] < M
-    xrow = x_ptr + tok64[:, None] * stride_xm
-
-    # ---- pass 1: statistics (and the outputs that need none)
-    amax_tok = tl.zeros((TOK,), dtype=tl.int32)
-    sumsq = tl.zeros((TOK,), dtype=tl.float32)
+    n = 0
     gmax = 0
-    for s in tl.static_range(NSTEP):
-        kk = (s * G + g)[:, None] * BK + col[None, :]
-        valid = rowmask & (kk < K)
-        x = tl.load(xrow + kk, mask=valid, other=0.0)
-        if MODE != 3:
-            r = rotate(x, BK, HB, INV_SQRT, INTERP)  # fp32 [R, BK]
-        else:
-            r = x
-        if OUTLIERS:
-            xf = tl.reshape(x.to(tl.float32), (TOK, G, BK))
-            sumsq += tl.sum(tl.sum(xf * xf, axis=2), axis=1)
+    for blk in range(pid, nblk, nprog):
+        tok = blk * TOK + i // G
+        tok64 = tok.to(tl.int64)
+        rowmask = tok[:, None] < M
+        xrow = x_ptr + tok64[:, None] * stride_xm
+
+        # ---- pass 1: statistics (and the outputs that need none); reductions go row → token on small
+        #      per-row vectors, so the tile itself is never re-laid out
+        amax_tok = tl.zeros((TOK,), dtype=tl.int32)
+        sumsq = tl.zeros((TOK,), dtype=tl.float32)
+        for s in tl.static_range(NSTEP):
+            kk = (s * G + g)[:, None] * BK + col[None, :]
+            valid = rowmask & (kk < K)
+            x = tl.load(xrow + kk, mask=valid, other=0.0)
+            if MODE != 3:
+                r = rotate(x, h, HB, INV_SQRT, INTERP)  # fp32 [R, BK]
+            else:
+                r = x
+            if OUTLIERS:
+                xf = x.to(tl.float32)
+                sumsq += _tok_reduce(tl.sum(xf * xf, axis=1), TOK, G, False)
+            if MODE == 0:
+                amax_tok = tl.maximum(amax_tok, _tok_reduce(tl.max(absbits(r), axis=1), TOK, G, True))
+            elif MODE == 1:
+                gmax = tl.maximum(gmax, tl.max(tl.max(absbits(r), axis=1), axis=0))
+            elif MODE == 2:  # rotated rows as a bf16 pair, stored [hi | lo] along the row
+                hi = r.to(tl.bfloat16)
+                lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
+                tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
+                tl.store(q_ptr + tok64[:, None] * stride_qm + K + kk, lo, mask=valid)
+
+        # ---- per-token results
+        inv_r = tl.zeros((R,), dtype=tl.float32)
         if MODE == 0:
-            amax_tok = tl.maximum(amax_tok, tl.max(tl.max(absbits(tl.reshape(r, (TOK, G, BK))), axis=2), axis=1))
-        elif MODE == 1:
-            gmax = tl.maximum(gmax, tl.max(tl.max(absbits(r), axis=1), axis=0))
-        elif MODE == 2:  # rotated rows as a bf16 pair, stored [hi | lo] along the row
-            hi = r.to(tl.bfloat16)
-            lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
-            tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
-            tl.store(q_ptr + tok64[:, None] * stride_qm + K + kk, lo, mask=valid)
+            amax = amax_tok.to(tl.float32, bitcast=True)
+            amax_safe = tl.where(amax == 0.0, 127.0, amax)
+            # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
+            inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
+            scale = tl.math.div_rn(amax_safe, 127.0)
+            scale = tl.where(amax_tok < 0x7F800000, scale, float("nan"))
+            t1 = blk * TOK + tl.arange(0, TOK)
+            tl.store(scale_ptr + t1, scale, mask=t1 < M)
+            inv_r = _tok_expand(inv, TOK, G)
+        thr_r = tl.zeros((R,), dtype=tl.float32)
+        if OUTLIERS:
+            thr_r = _tok_expand(k_sigma * tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32))), TOK, G)
+
+        # ---- pass 2: codes and outlier hits (a single step reuses the tile in registers; more steps
+        #      re-read this block's rows, TOK * K values, which are still in L2)
+        if MODE == 0 or OUTLIERS:
+            if NSTEP == 1:
+                n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS)
+            else:
+                for s in tl.static_range(NSTEP):
+                    kk = (s * G + g)[:, None] * BK + col[None, :]
+                    valid = rowmask & (kk < K)
+                    x = tl.load(xrow + kk, mask=valid, other=0.0)
+                    if MODE == 0:
+                        r = rotate(x, h, HB, INV_SQRT, INTERP)
+                    else:
+                        r = x
+                    n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS)
     if MODE == 1:
         tl.atomic_max(amax_ptr, gmax)
-
-    # ---- per-token results
-    inv = tl.zeros((TOK,), dtype=tl.float32)
-    if MODE == 0:
-        amax = amax_tok.to(tl.float32, bitcast=True)
-        amax_safe = tl.where(amax == 0.0, 127.0, amax)
-        # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
-        inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
-        scale = tl.math.div_rn(amax_safe, 127.0)
-        scale = tl.where(amax_tok < 0x7F800000, scale, float("nan"))
-        t1 = pid * TOK + tl.arange(0, TOK)
-        tl.store(scale_ptr + t1, scale, mask=t1 < M)
-    thr = tl.zeros((TOK,), dtype=tl.float32)
     if OUTLIERS:
-        thr = k_sigma * tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32)))
-
-    # ---- pass 2: codes and outlier hits (a single step reuses the tile in registers; more steps
-    #      re-read this program's rows, TOK * K values, which are still in L2)
-    if MODE == 0 or OUTLIERS:
-        n = 0
-        if NSTEP == 1:
-            n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv, thr,
-                            MODE, DENSE, OUTLIERS, TOK, G, BK)
-        else:
-            for s in tl.static_range(NSTEP):
-                kk = (s * G + g)[:, None] * BK + col[None, :]
-                valid = rowmask & (kk < K)
-                x = tl.load(xrow + kk, mask=valid, other=0.0)
-                if MODE == 0:
-                    r = rotate(x, BK, HB, INV_SQRT, INTERP)
-                else:
-                    r = x
-                n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv, thr,
-                                MODE, DENSE, OUTLIERS, TOK, G, BK)
-        if OUTLIERS:
-            tl.atomic_add(count_ptr, n)
+        tl.atomic_add(count_ptr, n)
 
 
 # ---------------------------------------------------------------------------------------- NVFP4 tiles
@@ -188,21 +209,32 @@ def _nvfp4_kernel(
     MR, BLOCK_R: tl.constexpr, BK: tl.constexpr,
     HB: tl.constexpr, INV_SQRT: tl.constexpr, DENSE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    """Rows of the view ``x.view(MR, BK)`` → NVFP4 codes ``[MR, BK/2]`` and e4m3 scales ``[MR, BK/16]``."""
+    """Rows of the view ``x.view(MR, BK)`` → NVFP4 codes ``[MR, BK/2]`` and e4m3 scales ``[MR, BK/16]``.
+    Persistent: a program walks row blocks pid, pid + nprog, ... with the Hadamard matrix built once."""
     pid = tl.program_id(0)
-    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < MR
-    rows64 = rows.to(tl.int64)
+    nprog = tl.num_programs(0)
+    h = make_h(x_ptr.dtype.element_ty, BK, HB)
     col = tl.arange(0, BK)
-    x = tl.load(x_ptr + rows64[:, None] * BK + col[None, :], mask=rmask[:, None], other=0.0)
-    r = rotate(x, BK, HB, INV_SQRT, INTERP)
-
     # per-tensor decode scale s = amax / (6 * 448); an all-zero tensor keeps s = 1
     amax = tl.load(amax_ptr).to(tl.float32, bitcast=True)
     s = tl.math.div_rn(amax, 2688.0)
     s = tl.where(s == 0.0, 1.0, s)
     if pid == 0:
         tl.store(ts_ptr, s)
+    for blk in range(pid, tl.cdiv(MR, BLOCK_R), nprog):
+        _nvfp4_block(x_ptr, data_ptr, scales_ptr, dense_ptr, blk, MR, s, h, col,
+                     BLOCK_R, BK, HB, INV_SQRT, DENSE, INTERP)
+
+
+@triton.jit
+def _nvfp4_block(x_ptr, data_ptr, scales_ptr, dense_ptr, blk, MR, s, h, col,
+                 BLOCK_R: tl.constexpr, BK: tl.constexpr, HB: tl.constexpr, INV_SQRT: tl.constexpr,
+                 DENSE: tl.constexpr, INTERP: tl.constexpr):
+    rows = blk * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < MR
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * BK + col[None, :], mask=rmask[:, None], other=0.0)
+    r = rotate(x, h, HB, INV_SQRT, INTERP)
 
     NB: tl.constexpr = BK // 16
     r3 = tl.reshape(r, (BLOCK_R, NB, 16))
@@ -217,11 +249,7 @@ def _nvfp4_kernel(
     bs32 = tl.where(bad, float("nan"), bs32)
     recip = tl.math.div_rn(tl.math.div_rn(tl.full(bs32.shape, 1.0, tl.float32), s), bs32)
     v = r3 * recip[:, :, None]
-    a = tl.abs(v)
-    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-           + (a > 5.0).to(tl.int32))
-    code = mag | ((v.to(tl.int32, bitcast=True) >> 28) & 8)
+    code = e2m1_encode(v)
     code = tl.reshape(code, (BLOCK_R, BK))
 
     if DENSE:
@@ -254,7 +282,7 @@ def _prep(x2d: torch.Tensor, hadamard_block: int | None):
             raise ValueError(f"Hadamard block {hb} must be a power of two >= 2 dividing K={K}")
         if hb > 128:
             raise ValueError(f"the Triton kernels rotate blocks of at most 128, got {hb}")
-    bk = chunk_width(K)
+    bk = chunk_width(K, hb)
     if bk < 16:
         raise ValueError(f"K={K} must be a multiple of 16")
     nchr = K // bk
@@ -270,21 +298,22 @@ def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE):
     return max(1, rows_tile // g), g, triton.cdiv(nchr, g)
 
 
-#: (rows per register tile, num_warps) of the token-resident kernel on CUDA; benchmarks/kernels.py --tune
-CUDA_ROWS_CONFIG = (64, 8)
-#: (rows per program, num_warps) of the NVFP4 tile kernel on CUDA
-CUDA_NVFP4_CONFIG = (64, 8)
+#: (rows per register tile, num_warps, programs per SM) of the token-resident kernel on CUDA (persistent
+#: grid of SMs × programs); picked by benchmarks/kernels.py --tune on the H200
+CUDA_ROWS_CONFIG = (64, 8, 4)
+#: (rows per block, num_warps, programs per SM) of the NVFP4 tile kernel on CUDA
+CUDA_NVFP4_CONFIG = (64, 8, 4)
 
 
 def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, amax=None,
                  k_sigma=None, dense=False, config=None):
-    rows_tile, nw = config or ((ROWS_TILE, 4) if interp else CUDA_ROWS_CONFIG)
+    rows_tile, nw, waves = config or ((ROWS_TILE, 4, 1) if interp else CUDA_ROWS_CONFIG)
     tok, g, nstep = rows_geometry(nchr, rows_tile)
     if nstep > 8:
         raise ValueError(f"K={K}: more than 8 register-tile steps per token ({nchr} chunks of {bk}, tile {rows_tile})")
     count = torch.zeros((), dtype=torch.int32, device=x.device) if k_sigma is not None else None
     dummy = x
-    grid = (triton.cdiv(M, tok),)
+    grid = (min(triton.cdiv(M, tok), num_sms(x.device) * waves),)
     stride_q = q.stride(0) if q is not None else 0
     _rows_kernel[grid](
         x, q if q is not None else dummy,
@@ -338,7 +367,7 @@ def quantize_nvfp4_act(
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
     count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=rows_config)
     mr = M * nchr
-    block_rows, nw = config or ((64, 4) if interp else CUDA_NVFP4_CONFIG)
+    block_rows, nw, waves = config or ((64, 4, 1) if interp else CUDA_NVFP4_CONFIG)
     ts = torch.empty((), dtype=torch.float32, device=x.device)
     scales = torch.empty((M, K // FP4_BLOCK), dtype=torch.uint8, device=x.device)
     if dense:
@@ -347,7 +376,7 @@ def quantize_nvfp4_act(
     else:
         data = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
         vals = scales  # unused
-    grid = (triton.cdiv(mr, block_rows),)
+    grid = (min(triton.cdiv(mr, block_rows), num_sms(x.device) * waves),)
     _nvfp4_kernel[grid](
         x, data, scales, ts, amax, vals, mr, BLOCK_R=block_rows, BK=bk, HB=hb, INV_SQRT=_inv_sqrt(hb),
         DENSE=dense, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
