@@ -301,9 +301,12 @@ def create_app(model_id: str | None = None, *, allow_hub: bool | None = None, qu
     model_id = models.default_id
     allow_hub = allow_hub_models() if allow_hub is None else allow_hub
     ttl = float(cache_ttl_s if cache_ttl_s is not None else os.environ.get("SIXBIT_CACHE_TTL_S", 3600))
+    fps = 8.0  # CogVideoX's frame rate
+    if _is_mini(model_id):
+        from sixbit.mini import FPS as fps
     controller = DemoController(default_model=model_id, model_info=models.info, job_fn=gpu_job,
                                 config_cls=SixBitConfig, allow_hub=allow_hub, jobs=JOBS,
-                                baselines=BaselineCache(8), files=FileStore(max_age_s=ttl))
+                                baselines=BaselineCache(8), files=FileStore(max_age_s=ttl), fps=float(fps))
     info = models.info(model_id)
     defaults = models.generation_defaults(model_id)
     demo = build_demo(controller, info, defaults, example_prompts(model_id), delete_cache=(int(ttl), int(ttl)))

@@ -88,7 +88,7 @@ def test_short_linear_name():
 
 
 # ---------------------------------------------------------------------------------------- validation
-LIM = ModelLimits(spatial_multiple=16, temporal_factor=4, max_width=128, max_height=96, max_frames=17,
+LIM = ModelLimits(spatial_multiple=16, frame_step=8, max_width=128, max_height=96, max_frames=17,
                   min_side=32, max_prompt_tokens=20, count_tokens=lambda s: len(s.encode()) + 1)
 GOOD = dict(prompt="a red ball", negative_prompt="", seed=3, steps=4, frames=9, resolution="64x64", guidance=5)
 
@@ -110,8 +110,8 @@ def test_validate_accepts_and_normalises():
     ({"steps": 0}, "Steps must be between"),
     ({"steps": 101}, "Steps must be between"),
     ({"steps": "many"}, "must be a number"),
-    ({"frames": 8}, r"4·k\+1 frames \(…, 5, 9, …\); got 8"),
-    ({"frames": 21}, "at most 17 frames"),
+    ({"frames": 5}, r"8·k\+1 frames \(…, 1, 9, …\); got 5"),
+    ({"frames": 25}, "at most 17 frames"),
     ({"resolution": "70x64"}, "multiples of 16"),
     ({"resolution": "144x96"}, "largest size"),
     ({"resolution": "16x16"}, "smallest size"),
@@ -136,7 +136,7 @@ def test_limits_resolutions_are_on_the_grid():
     for r in res:
         w, h = map(int, r.split("x"))
         assert w % 16 == 0 and h % 16 == 0
-    assert ModelLimits(max_frames=49).frame_choices[-3:] == [41, 45, 49]
+    assert ModelLimits(max_frames=49).frame_choices == [1, 9, 17, 25, 33, 41, 49]
 
 
 def test_resolve_model_id_never_takes_a_path():

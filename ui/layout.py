@@ -70,8 +70,8 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
                     steps = gr.Slider(1, MAX_STEPS, step=1, label="Steps", elem_id="steps",
                                       value=int(defaults.get("num_inference_steps", 50)))
                 with gr.Row():
-                    frames = gr.Slider(1, lim.max_frames, step=lim.temporal_factor, value=frames_default,
-                                       label=f"Frames ({lim.temporal_factor}·k+1)", elem_id="frames")
+                    frames = gr.Slider(1, lim.max_frames, step=lim.frame_step, value=frames_default,
+                                       label=f"Frames ({lim.frame_step}·k+1)", elem_id="frames")
                     resolution = gr.Dropdown(res_choices, value=res_value, label="Resolution (width x height)",
                                              allow_custom_value=True, elem_id="resolution")
                 guidance = gr.Slider(*GUIDANCE_RANGE, step=0.5, label="Guidance scale", elem_id="guidance",

@@ -5,8 +5,9 @@ weights. `ModelLimits.from_pipeline` reads sizes off a diffusers CogVideoX pipel
 
 - height and width must be multiples of ``vae_scale_factor_spatial × patch_size`` (8 × 2 = 16 for
   CogVideoX) and at most the model's native sample size;
-- the frame count must be ``k × vae_scale_factor_temporal + 1`` (CogVideoX's causal VAE: 1, 5, 9, …,
-  49) and at most the model's native frame count;
+- the frame count must give an odd number of latent frames: CogVideoX's VAE compresses time 4× and
+  decodes an even latent count to a different length (2 latents → 8 frames, 4 → 16), so only
+  ``8·k + 1`` frames (1, 9, 17, …, 49) come back as asked; at most the model's native frame count;
 - the prompt must fit the text encoder's token budget (``max_sequence_length``), measured with the
   pipeline's own tokenizer — a longer prompt would be silently truncated by the pipeline.
 """
@@ -33,7 +34,7 @@ class ModelLimits:
     """Sizes a pipeline accepts, and the defaults the UI starts from."""
 
     spatial_multiple: int = 16
-    temporal_factor: int = 4
+    frame_step: int = 8  # valid frame counts are frame_step·k + 1
     max_width: int = 720
     max_height: int = 480
     max_frames: int = 49
@@ -49,21 +50,24 @@ class ModelLimits:
         mult = s * int(tcfg.patch_size)
         max_w = int(tcfg.sample_width) * s
         max_h = int(tcfg.sample_height) * s
+        # An even number of latent frames decodes to a different length with CogVideoX's VAE (see the
+        # module docstring): step by two latent frames.
+        step = 2 * t if type(pipe.vae).__name__ == "AutoencoderKLCogVideoX" else t
         max_f = int(getattr(tcfg, "sample_frames", 49) or 49)
-        max_f = (max_f - 1) // t * t + 1  # the largest k*t+1 not above the native length
+        max_f = (max_f - 1) // step * step + 1  # the largest step*k+1 not above the native length
         tokens = int(max_sequence_length or getattr(tcfg, "max_text_seq_length", 226) or 226)
         tok = getattr(pipe, "tokenizer", None)
 
         def count_tokens(text: str) -> int:
             return len(tok(text, add_special_tokens=True)["input_ids"])
 
-        return cls(spatial_multiple=mult, temporal_factor=t, max_width=max_w, max_height=max_h,
+        return cls(spatial_multiple=mult, frame_step=step, max_width=max_w, max_height=max_h,
                    max_frames=max_f, min_side=min(2 * mult, max_w, max_h), max_prompt_tokens=tokens,
                    count_tokens=count_tokens if tok is not None else None)
 
     @property
     def frame_choices(self) -> list[int]:
-        return list(range(1, self.max_frames + 1, self.temporal_factor))
+        return list(range(1, self.max_frames + 1, self.frame_step))
 
     def resolutions(self) -> list[str]:
         """'WxH' choices: the native size and smaller sizes of the same aspect (multiples of the grid)."""
@@ -138,7 +142,7 @@ def validate_request(limits: ModelLimits, prompt, negative_prompt, seed, steps, 
     seed = _integer(seed, "Seed", 0, SEED_MAX)
     steps = _integer(steps, "Steps", 1, MAX_STEPS)
     frames = _integer(frames, "Frames", 1, 10**6)
-    t = limits.temporal_factor
+    t = limits.frame_step
     if (frames - 1) % t:
         lo = (frames - 1) // t * t + 1
         raise gr.Error(f"This model takes {t}·k+1 frames (…, {lo}, {lo + t}, …); got {frames}.",
