@@ -155,3 +155,18 @@ def test_offline_host_has_no_network(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert app.host_has_network() is False
+
+
+def test_theme_and_css_go_to_launch_not_blocks():
+    """Gradio 6 takes theme and css at launch(); the app passes them there (and ships the css file)."""
+    import inspect
+
+    import app
+    from ui import layout
+
+    kw = app.launch_kwargs()
+    assert isinstance(kw["theme"], gradio.themes.Base)
+    assert all(Path(p).is_file() for p in kw["css_paths"])
+    assert {"theme", "css_paths"} <= set(inspect.signature(gradio.Blocks.launch).parameters)
+    src = inspect.getsource(layout.build_demo)
+    assert "gr.Blocks(" in src and "theme=" not in src.split("gr.Blocks(")[1].split(")")[0]
