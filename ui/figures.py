@@ -131,7 +131,7 @@ def skip_figure(trace: dict, total_steps: int | None = None, height: int | None 
     if not blocks:
         return placeholder("Block decisions per step")
     z: list[list[Any]] = [[None] * len(x) for _ in blocks]
-    hover: list[list[Any]] = [[["", "", "", ""]] * len(x) for _ in blocks]
+    hover: list[list[Any]] = [[["", "", "", "", ""]] * len(x) for _ in blocks]
     counts = dict.fromkeys(BLOCK_STATES, 0)
 
     def fmt(v):
@@ -143,13 +143,13 @@ def skip_figure(trace: dict, total_steps: int | None = None, height: int | None 
             z[i][j] = BLOCK_STATES.index(state)
             counts[state] += 1
             hover[i][j] = [fmt(b.get("gamma")), fmt(b.get("delta_sim")), fmt(b.get("acc_err")),
-                           fmt(b.get("outlier_ratio"))]
+                           fmt(b.get("outlier_ratio")), str(b.get("mode") or state)]
     fig = go.Figure(go.Heatmap(
         z=z, x=x, y=[f"block {i}" for i in range(len(blocks))], customdata=hover,
         zmin=-0.5, zmax=len(BLOCK_STATES) - 0.5,
         colorscale=_discrete_colorscale([BLOCK_COLORS[s] for s in BLOCK_STATES]), showscale=False,
         xgap=1, ygap=1,
-        hovertemplate=("step %{x} · %{y}<br>Γ %{customdata[0]} · Δ similarity %{customdata[1]}"
+        hovertemplate=("step %{x} · %{y} · %{customdata[4]}<br>Γ %{customdata[0]} · Δ change %{customdata[1]}"
                        "<br>accumulated error %{customdata[2]} · outlier ratio %{customdata[3]}<extra></extra>"),
     ))
     _legend_entries(fig, BLOCK_LABELS, BLOCK_COLORS, BLOCK_STATES, counts)
