@@ -168,9 +168,11 @@ def _gemm_w4_kernel(
 
 
 #: default tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SWAP) per A mode on
-#: CUDA; picked by benchmarks/kernels.py on the H200 (see docs/KERNELS.md), interpreter uses small tiles.
+#: CUDA. A_DENSE was picked by ``benchmarks/kernels.py --tune`` on the H200 (benchmarks/results/
+#: kernels_h200.md); the others were not re-tuned after the first run. The interpreter uses small tiles.
+#: SWAP computes the transposed product so the decoded weight is wgmma's register operand (async wgmma).
 CUDA_CONFIGS = {
-    A_DENSE: (256, 128, 64, 8, 8, 4, True),
+    A_DENSE: (256, 128, 128, 8, 8, 2, True),
     A_SPLIT: (256, 128, 64, 8, 8, 3, True),
     A_NVFP4: (128, 128, 64, 8, 8, 3, True),
     A_INT8: (128, 256, 64, 8, 8, 3, True),

@@ -6,7 +6,8 @@ stays below 2**31 for K < 133,000), one fp32 rescale in the epilogue. Weights ar
 kernel). Both operands are K-major (``[rows, K]`` row-major), the layout Hopper's int8 ``wgmma`` wants.
 
 FACTS.md: cuBLAS int8 through ``torch._int_mm`` is no faster than bf16 on the H200, a plain Triton int8
-GEMM (128x256x128 tiles, 3 stages, 8 warps) reached 1.47-1.6x bf16 — hence this kernel.
+GEMM reached 1.47-1.6x bf16 — hence this kernel. Measured here (benchmarks/results/kernels_h200.md):
+1.37-1.67x bf16 cuBLAS at the CogVideoX shapes, GEMM alone.
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ def _gemm_w8a8_kernel(
     tl.store(out_ptr + o_off, cast_out(y, out_ptr.dtype.element_ty, INTERP), mask=omask)
 
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages); benchmarks/kernels.py picked it on the H200
-CUDA_CONFIG = (128, 256, 128, 8, 8, 3)
+#: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), picked by ``benchmarks/kernels.py --tune``
+#: on the H200: 128x128x128 tiles with 4 warps and 3 stages fit two CTAs per SM, which hides the int8
+#: wgmma wait (triton 3.6 issues int8 wgmma synchronously) better than one 128x256 CTA
+CUDA_CONFIG = (128, 128, 128, 8, 4, 3)
 INTERP_CONFIG = (32, 32, 32, 4, 4, 1)
 
 

@@ -300,9 +300,9 @@ def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE):
 
 #: (rows per register tile, num_warps, programs per SM) of the token-resident kernel on CUDA (persistent
 #: grid of SMs × programs); picked by benchmarks/kernels.py --tune on the H200
-CUDA_ROWS_CONFIG = (64, 8, 4)
+CUDA_ROWS_CONFIG = (64, 4, 4)
 #: (rows per block, num_warps, programs per SM) of the NVFP4 tile kernel on CUDA
-CUDA_NVFP4_CONFIG = (64, 8, 4)
+CUDA_NVFP4_CONFIG = (128, 8, 2)
 
 
 def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, amax=None,

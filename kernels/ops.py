@@ -32,8 +32,13 @@ activations), :func:`gemm_w8a8`, :func:`scaled_mm_nvfp4` (Blackwell, unverified)
 Hopper detail. The W4A4 and W4A8 routes quantize the activations to exactly the NVFP4 / INT8 values of the
 spec, but on sm_90 (no FP4 tensor cores) ``linear`` hands them to the GEMM as exact fp16 values
 (``DenseAct``) rather than packed 4-bit codes when :data:`HOPPER_DENSE_ACTIVATIONS` is true: same numbers,
-no per-tile decode of A. Both forms are implemented and benchmarked (``benchmarks/kernels.py``); the flag
-holds the faster one measured on the H200. The packed form is what ``quantize_act`` returns.
+no per-tile decode of A. Both forms are implemented and benchmarked (``benchmarks/kernels.py``); on the H200
+the fp16 form measured 0.58x bf16 end to end against 0.32x for packed codes (1920→5760), hence the default.
+The packed form is what ``quantize_act`` returns.
+
+Beyond the contract: ``PackedLinear`` also exposes ``w4`` / ``w8`` (the packed tensors), ``weight_nbytes``,
+``bits_per_weight(fmt)`` and ``weight(fmt)``; ``quantize_act`` takes ``backend`` too; ``route="fp16"`` raises
+(``PackedLinear`` does not hold the original weights). Costs and measurements: docs/KERNELS.md.
 """
 
 from __future__ import annotations
