@@ -25,6 +25,7 @@ steps; the trace reports it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -39,7 +40,7 @@ from sixbit.formats import relative_error
 from sixbit.linear import ops
 from sixbit.policy import LinearFit, Policy, bits_to_int8_fraction
 
-__all__ = ["calibrate", "fit_line", "read_prompts", "main", "report_markdown"]
+__all__ = ["calibrate", "fit_line", "read_prompts", "main", "report_markdown", "transformer_fingerprint"]
 
 BITS_GRID = [4.5 + 0.25 * k for k in range(15)]  # 4.5 … 8.0
 
@@ -82,6 +83,23 @@ def read_prompts(path: str | Path) -> list[str]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
+
+
+def transformer_fingerprint(model_path: str | Path | None) -> str | None:
+    """sha256 of a local pipeline folder's transformer weights (``transformer/*.safetensors``), or None
+    for a hub id. Stored in the policy so a stale policy (the model was retrained) can be detected."""
+    if not model_path:
+        return None
+    folder = Path(model_path) / "transformer"
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def _default_call(pipe) -> dict[str, Any]:
@@ -173,11 +191,12 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
         "compute_path": handle.trace.compute_path, "device": handle.trace.device,
         "int8_fraction_at_tau": frac, "avg_act_bits_at_tau": 4.5 * (1 - frac) + 8.0 * frac,
         "r2_global_line": r2_global, "torch": torch.__version__,
+        "transformer_sha256": transformer_fingerprint(getattr(pipe, "name_or_path", None)),
     }
     policy = Policy(linears=fits, tau=tau, model=model_name or str(getattr(pipe, "name_or_path", "") or ""),
                     target_bits=target_bits, tau_table=tau_table, hadamard_block=hadamard_block,
                     r2_overall=r2_pooled, meta=meta)
-    report = {"layers": layers, "r2_overall": r2_pooled, "r2_global_line": r2_global, "tau": tau,
+    report = {"model": policy.model, "layers": layers, "r2_overall": r2_pooled, "r2_global_line": r2_global, "tau": tau,
               "target_bits": target_bits, "tau_table": tau_table, **meta}
     return policy, report
 
@@ -188,9 +207,11 @@ def report_markdown(report: dict[str, Any], command: str | None = None) -> str:
 
     r2s = sorted(layer["r2"] for layer in report["layers"] if layer["r2"] is not None)
     med = r2s[len(r2s) // 2] if r2s else None
+    sha = report.get("transformer_sha256")
     lines = [
         "# DMPQ calibration report",
         "",
+        f"- model: {report.get('model') or '?'}" + (f" (transformer weights sha256 `{sha[:16]}…`)" if sha else ""),
         f"- samples: {report['samples']} (layer × step × branch × prompt), {len(report['prompts'])} prompts, "
         f"{report['steps']} steps, seed {report['seed']}; device {report['device']} ({report['compute_path']}); "
         f"{report['seconds']} s",
