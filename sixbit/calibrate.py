@@ -116,6 +116,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
     """Calibrate on ``pipe`` (see the module docstring). Returns (policy, report)."""
     from sixbit.engine import apply
 
+    fingerprint = transformer_fingerprint(getattr(pipe, "name_or_path", None))  # before the weights are used
     cfg = SixBitConfig(quant="dmpq", tdc=False, pdr=False, warmup_steps=1000, fp_weights="device",
                        hadamard_block=hadamard_block, policy=None, trace_linear_outliers=False)
     handle = apply(pipe, cfg)
@@ -191,7 +192,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
         "compute_path": handle.trace.compute_path, "device": handle.trace.device,
         "int8_fraction_at_tau": frac, "avg_act_bits_at_tau": 4.5 * (1 - frac) + 8.0 * frac,
         "r2_global_line": r2_global, "torch": torch.__version__,
-        "transformer_sha256": transformer_fingerprint(getattr(pipe, "name_or_path", None)),
+        "transformer_sha256": fingerprint,
     }
     policy = Policy(linears=fits, tau=tau, model=model_name or str(getattr(pipe, "name_or_path", "") or ""),
                     target_bits=target_bits, tau_table=tau_table, hadamard_block=hadamard_block,
@@ -251,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: per device)")
     args = ap.parse_args(argv)
 
-    from sixbit.pipeline import load_pipeline
+    from sixbit.pipeline import default_model_path, load_pipeline
 
     prompts = read_prompts(args.prompts)
+    model_path = args.model or default_model_path()
+    before = transformer_fingerprint(model_path)
     pipe = load_pipeline(args.model, device=args.device, dtype=args.dtype)
     call = {}
     for k, v in (("num_frames", args.frames), ("height", args.height), ("width", args.width),
@@ -265,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         hadamard_block=args.hadamard_block, negative_prompt=args.negative_prompt, call_kwargs=call,
         model_name=args.model or "sixbit-mini", log=lambda s: print(s, file=sys.stderr),
     )
+    if before != transformer_fingerprint(model_path) or before != policy.meta["transformer_sha256"]:
+        print(f"error: the weights in {model_path} changed while calibrating; nothing written", file=sys.stderr)
+        return 1
     out = policy.save(args.out)
     command = "python -m sixbit.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
     policy.meta["command"] = command
