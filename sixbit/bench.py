@@ -39,12 +39,24 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 #: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
 QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full")
-SPEED_CONFIGS = ("bf16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full")
+SPEED_CONFIGS = ("bf16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc")
+#: speed-only rows that are not a preset: (preset, overrides). W8A8+TDC is the fastest pairing on Hopper,
+#: which has int8 tensor cores but no FP4 units.
+EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
-    "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)",
+    "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)", "w8a8_tdc": "static W8A8 + TDC",
+    "bf16_tdc": "TDC only",
 }
+
+
+def make_config(name: str):
+    """SixBitConfig of a benchmark row (a preset name or one of :data:`EXTRA_CONFIGS`)."""
+    import sixbit
+
+    preset, overrides = EXTRA_CONFIGS.get(name, (name, {}))
+    return sixbit.SixBitConfig.preset(preset, **overrides)
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
@@ -107,8 +119,10 @@ def _env_md(env: dict) -> str:
 
 def quality(args) -> dict:
     import sixbit
-    from sixbit.metrics import compare, flow_error, flow_score, temporal_flicker
-    from sixbit.mini import DEFAULT_GENERATION, judge, prompts_for_eval
+    from sixbit.metrics import compare, flow_score, temporal_flicker
+    from sixbit.mini import DEFAULT_GENERATION
+    from sixbit.mini.data import prompt_set
+    from sixbit.mini.judge import judge
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -117,7 +131,8 @@ def quality(args) -> dict:
     gen = {**DEFAULT_GENERATION}
     if args.steps:
         gen["num_inference_steps"] = args.steps
-    prompts = prompts_for_eval(args.prompts, seed=0)
+    # in-grammar evaluation captions (the same seed as sixbit-mini's model-card evaluation)
+    prompts = prompt_set(7, args.prompts, split="train")
     seeds = list(range(args.seeds))
     configs = [c for c in (args.configs or QUALITY_CONFIGS)]
     if configs[0] != "fp16":
@@ -141,8 +156,7 @@ def quality(args) -> dict:
                 for seed in seeds:
                     video, wall = generate(prompt, seed)
                     rec: dict[str, Any] = {"prompt": prompt, "seed": seed, "time_s": wall}
-                    score = judge.score(video, prompt)
-                    rec["adherence"] = float(score["score"]) * 100.0
+                    rec["adherence"] = judge(video, prompt).adherence * 100.0
                     rec["flicker"] = temporal_flicker(video)
                     rec["flow_score"] = flow_score(video)
                     if cfg_name == "fp16":
@@ -151,7 +165,7 @@ def quality(args) -> dict:
                     else:
                         ref = refs[(pi, seed)]
                         m = compare(video, ref)
-                        rec.update(psnr=m["psnr"], ssim=m["ssim"], flow_error=flow_error(video, ref))
+                        rec.update(psnr=m["psnr_db"], ssim=m["ssim"], flow_error=m["flow_error"])
                         summ = handle.trace.summary()
                         rec.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
                                    pdr_count=summ["pdr_count"])
@@ -253,17 +267,16 @@ def _param_bytes(module: torch.nn.Module) -> int:
     return total
 
 
-def _resident_bytes(module: torch.nn.Module, device: torch.device, handle=None) -> int:
-    """Bytes the transformer keeps on ``device``: parameters and buffers there (sixbit offloads the
-    originals of quantized layers to the CPU), plus sixbit's packed weights (not registered tensors)."""
-    seen, total = set(), 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        if t.device == device and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    if handle is not None:
-        total += int(handle.memory()["packed_bytes"])
-    return total
+def _transformer_weight_bytes(entry: dict, rec: dict) -> int:
+    """Transformer weight bytes resident on the device for one speed row: the bf16 parameters for the
+    baseline, sixbit's packed weights + the layers it leaves in 16 bits otherwise (``handle.memory()``)."""
+    mem = entry.get("memory")
+    total = rec["transformer_weight_bytes_bf16"]  # parameters and buffers of the plain model
+    if not mem or not mem["packed_bytes"]:
+        return total
+    other = int(mem.get("other_transformer_bytes", 0))
+    buffers = total - int(mem["original_bytes"]) - other  # e.g. positional tables: unchanged by sixbit
+    return int(mem["packed_bytes"]) + other + int(mem["fp_bytes_on_device"]) + buffers
 
 
 def _sync(device):
@@ -297,7 +310,11 @@ def speed(args) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results: dict[str, Any] = {"benchmark": "speed", "environment": environment(device), "models": {}}
     out = Path(args.out)
+    if args.record_schedule:
+        args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget))
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
+    results["schedule"] = {"path": args.schedule, "source": sched.source if sched else None,
+                           "skip_fraction": sched.skip_fraction if sched else None}
     for size in args.sizes:
         t_build = time.perf_counter()
         pipe = random_cogvideox(size, device, dtype, text_encoder=True)
@@ -321,7 +338,7 @@ def speed(args) -> dict:
             entry: dict[str, Any] = {"label": LABELS[name]}
             try:
                 if name != "bf16":
-                    cfg = sixbit.SixBitConfig.preset(name)
+                    cfg = make_config(name)
                     use_sched = sched is not None and cfg.tdc
                     handle = sixbit.apply(pipe, cfg, schedule=sched.resample(len(handle_blocks(tr)), args.steps)
                                           if use_sched else None)
@@ -336,7 +353,6 @@ def speed(args) -> dict:
                 entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)))
                 if device.type == "cuda":
                     entry["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
-                entry["transformer_resident_bytes"] = _resident_bytes(tr, device, handle)
                 if handle is not None:
                     summ = handle.trace.summary()
                     entry.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
@@ -365,6 +381,36 @@ def speed(args) -> dict:
     return results
 
 
+def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, tdc_budget: float | None) -> Path:
+    """Run sixbit-mini (or ``model``) once with the full method and save its skip pattern for replay.
+
+    The torch reference backend in fp32 is used so the decisions are those of the CPU demo."""
+    import sixbit
+    from sixbit.mini import DEFAULT_GENERATION, EXAMPLE_PROMPTS
+
+    pipe = sixbit.load_pipeline(model, device=device, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    overrides = {k: v for k, v in (("tdc_threshold", tdc_threshold), ("tdc_budget", tdc_budget)) if v is not None}
+    cfg = sixbit.SixBitConfig.preset("full", backend="torch", **overrides)
+    handle = sixbit.apply(pipe, cfg)
+    try:
+        pipe(prompt=EXAMPLE_PROMPTS[0], generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
+             **DEFAULT_GENERATION)
+        sched = handle.trace.skip_schedule()
+        summ = handle.trace.summary()
+    finally:
+        handle.remove()
+    sched.source.update(model="sixbit-mini" if model in (None, "", "mini") else str(model), preset="full",
+                        overrides=overrides, generation=DEFAULT_GENERATION, prompt=EXAMPLE_PROMPTS[0], seed=0,
+                        avg_act_bits=summ["avg_act_bits"], device=str(device))
+    out.mkdir(parents=True, exist_ok=True)
+    path = sched.save(out / "schedule_mini.json")
+    print(f"recorded skip schedule: skip {sched.skip_fraction:.1%}, {summ['avg_act_bits']:.2f} act bits → {path}",
+          flush=True)
+    del pipe
+    return path
+
+
 def handle_blocks(transformer) -> list:
     from sixbit.adapters import get_adapter
 
@@ -372,40 +418,65 @@ def handle_blocks(transformer) -> list:
 
 
 def pipeline_memory(pipe, call, device, sched, args) -> dict:
-    """Peak memory of the whole pipeline (text encoder → 2 denoising steps → VAE decode), baseline vs sixbit."""
+    """Peak memory of the whole pipeline (text encoder → 2 denoising steps → VAE decode to pixels).
+
+    ``bf16``: the diffusers pipeline as it comes, everything resident. ``full``: sixbit's full method plus
+    plain engineering: the text encoder goes back to the CPU once the prompt is encoded, the VAE decodes
+    in tiles. Both peaks are taken from the same starting point (all components resident on the device).
+    """
     import sixbit
 
     res = {}
     if device.type != "cuda":
         return res
+    steps = 2
     for name in ("bf16", "full"):
         handle = None
         try:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-            base = torch.cuda.memory_allocated(device)
+            t0 = time.perf_counter()
+            kw = {k: v for k, v in call.items() if k != "prompt"}
             if name == "full":
-                handle = sixbit.apply(pipe, "full", schedule=sched.resample(len(handle_blocks(pipe.transformer)), 2)
-                                      if sched else None)
+                pe, npe = pipe.encode_prompt(call["prompt"], negative_prompt="", do_classifier_free_guidance=True,
+                                             max_sequence_length=call.get("max_sequence_length", 226), device=device)
+                pipe.text_encoder.to("cpu")
+                torch.cuda.empty_cache()
+                sch = sched.resample(len(handle_blocks(pipe.transformer)), steps) if sched else None
+                handle = sixbit.apply(pipe, make_config("full"), schedule=sch)
                 pipe.vae.enable_tiling()
-            pipe(**call, num_inference_steps=2, output_type="pt")
-            res[name] = {"peak_bytes": int(torch.cuda.max_memory_allocated(device)), "resident_before_bytes": int(base)}
+                kw.update(prompt_embeds=pe, negative_prompt_embeds=npe)
+            else:
+                kw.update(prompt=call["prompt"])
+            pipe(**kw, num_inference_steps=steps, output_type="pt")
+            _sync(device)
+            res[name] = {"peak_bytes": int(torch.cuda.max_memory_allocated(device)),
+                         "seconds": time.perf_counter() - t0}
         except Exception as e:
-            res[name] = {"error": f"{type(e).__name__}: {e}"}
+            import traceback
+
+            res[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}
         finally:
             if handle is not None:
                 handle.remove()
             pipe.vae.disable_tiling()
+            pipe.text_encoder.to(device)
     return res
 
 
 def _write_speed(results: dict, out: Path, name: str | None) -> None:
+    """Write ``<name>.json`` and the markdown table rendered from it (``python -m sixbit.bench render``
+    re-renders a JSON file with the current renderer)."""
     env = results["environment"]
     md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
           "Denoising loop only (`output_type=\"latent\"`), CFG batched, after a 2-step warm-up. Random weights "
           "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
           "sixbit-mini** with the full method (resampled to this depth and step count). DMPQ routes come from "
-          "Γ of the random model (uncalibrated).", ""]
+          "Γ of the random model (uncalibrated). *peak GiB* is the allocator's peak over the denoising loop with the "
+          "whole pipeline resident (the T5-XXL text encoder alone is 9.5 GB in bf16); TDC keeps one cached Δ per "
+          "block and token stream, which is why configurations with TDC peak higher. *transformer weights* are "
+          "the bytes the transformer keeps on the device: packed 4/8-bit weights plus the layers that stay 16-bit "
+          "(embedders, norms, and by default the modulation linears).", ""]
     for size, rec in results["models"].items():
         base = rec["configs"].get("bf16", {}).get("denoise_s")
         c = rec.get("call", {})
@@ -413,6 +484,7 @@ def _write_speed(results: dict, out: Path, name: str | None) -> None:
                f"{rec['steps']} steps, {rec['transformer_params'] / 1e9:.2f} B transformer parameters", "",
                "| configuration | denoise s | median step ms | speed-up | skipped | act bits | peak GiB | "
                "transformer weights GiB | path |", "|---|---|---|---|---|---|---|---|---|"]
+        bf16_w = rec["transformer_weight_bytes_bf16"]
         for e in rec["configs"].values():
             if "error" in e:
                 md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | |")
@@ -421,7 +493,8 @@ def _write_speed(results: dict, out: Path, name: str | None) -> None:
             md.append(f"| {e['label']}{' (replayed schedule)' if e.get('schedule_replayed') else ''} | "
                       f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
                       f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
-                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['transformer_resident_bytes'] / 2**30:.2f} | "
+                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
+                      f"{_transformer_weight_bytes(e, rec) / 2**30:.2f} ({bf16_w / _transformer_weight_bytes(e, rec):.2f}× smaller) | "
                       f"{e.get('compute_path', 'torch bf16')} |")
         if rec.get("pipeline_memory"):
             md += ["", "Whole pipeline (text encoder + transformer + VAE decode, 2 steps) peak GiB: " + ", ".join(
@@ -456,10 +529,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--configs", nargs="*", choices=SPEED_CONFIGS)
     s.add_argument("--schedule", default=str(RESULTS / "schedule_mini.json"))
     s.add_argument("--pipeline-memory", action="store_true")
+    s.add_argument("--record-schedule", default=None, metavar="MODEL",
+                   help="first record the full method's skip schedule on MODEL (a sixbit-mini folder) and replay it")
+    s.add_argument("--tdc-threshold", type=float, default=None, help="override for --record-schedule")
+    s.add_argument("--tdc-budget", type=float, default=None, help="override for --record-schedule")
     s.add_argument("--device", default=None)
     s.add_argument("--out", default=str(RESULTS))
     s.add_argument("--name", default=None)
+    r = sub.add_parser("render", help="re-render the markdown table of a speed JSON file")
+    r.add_argument("json", type=Path)
     args = p.parse_args(argv)
+    if args.cmd == "render":
+        _write_speed(json.loads(args.json.read_text()), args.json.parent, args.json.stem)
+        return 0
     if args.cmd == "quality":
         quality(args)
     else:
