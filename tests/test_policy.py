@@ -133,3 +133,21 @@ def test_every_field_has_help_text():
     for f in fields:
         assert len(f["help"]) > 20, f["name"]
     assert next(f for f in fields if f["name"] == "quant")["choices"] == ("off", "dmpq", "w4a4", "w4a8", "w8a8")
+
+
+def test_shipped_sixbit_mini_policy_loads_and_matches_the_model():
+    from sixbit.calibrate import transformer_fingerprint
+    from sixbit.engine import POLICY_DIR
+
+    path = POLICY_DIR / "sixbit-mini.json"
+    try:
+        from sixbit.mini import MINI_PATH
+    except ImportError:
+        pytest.skip("sixbit-mini is not in this checkout")
+    if not path.exists():
+        pytest.skip("no shipped policy yet")
+    pol = Policy.load(path)
+    assert pol.meta["transformer_sha256"] == transformer_fingerprint(MINI_PATH), (
+        "assets/policies/sixbit-mini.json was calibrated on other weights: re-run the command in its meta")
+    assert pol.linears and pol.target_bits == 6.0
+    assert path.with_suffix(".md").exists()
