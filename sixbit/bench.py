@@ -464,6 +464,58 @@ def pipeline_memory(pipe, call, device, sched, args) -> dict:
     return res
 
 
+def weights(args) -> dict:
+    """Transformer weight bytes at real sizes, measured by applying sixbit to a random-weight model on the
+    CPU (the byte count of packed weights does not depend on the device or on the weights' values)."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    import sixbit
+
+    rows = {}
+    variants = {
+        "full": ("full", {}),
+        "full, 4-bit modulation weights": ("full", {"modulation_weights": "nvfp4"}),
+        "w8a8": ("w8a8", {}),
+        "full, INT8 route on W8A8": ("full", {"int8_route": "w8a8", "modulation_weights": "nvfp4"}),
+    }
+    for size in args.sizes:
+        torch.manual_seed(0)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)  # build in bf16: 5B in fp32 would not fit a 24 GB machine
+        try:
+            tr = CogVideoXTransformer3DModel(**SIZES[size]).eval()
+        finally:
+            torch.set_default_dtype(prev)
+        base = _param_bytes(tr)
+        rows[size] = {"params": sum(p.numel() for p in tr.parameters()), "bf16_bytes": base, "variants": {}}
+        for label, (preset, over) in variants.items():
+            t0 = time.perf_counter()
+            handle = sixbit.apply(tr, sixbit.SixBitConfig.preset(preset, **over))
+            mem = handle.memory()
+            handle.remove()
+            entry = {"preset": preset, "overrides": over, "memory": mem}
+            resident = _transformer_weight_bytes(entry, {"transformer_weight_bytes_bf16": base})
+            entry.update(resident_bytes=resident, reduction=base / resident, pack_seconds=time.perf_counter() - t0)
+            rows[size]["variants"][label] = entry
+            print(f"[weights {size}] {label}: {resident / 2**30:.2f} GiB ({base / resident:.2f}x smaller)", flush=True)
+        del tr
+    env = environment("cpu")
+    md = ["# Transformer weight memory at real CogVideoX sizes", "",
+          "Bytes the transformer keeps on the device after `sixbit.apply` (packed weights + the layers left in "
+          "16 bits + buffers), against the bf16 model. Measured by packing a random-weight model on the CPU: "
+          "the byte count does not depend on the device or the values.", "",
+          "| model | configuration | GiB | × smaller than bf16 |", "|---|---|---|---|"]
+    for size, r in rows.items():
+        md.append(f"| CogVideoX-{size.upper()} | bf16 | {r['bf16_bytes'] / 2**30:.2f} | 1.00 |")
+        for label, e in r["variants"].items():
+            md.append(f"| CogVideoX-{size.upper()} | {label} | {e['resident_bytes'] / 2**30:.2f} | {e['reduction']:.2f} |")
+    md += ["", _env_md(env), ""]
+    payload = {"benchmark": "weights", "environment": env, "models": rows}
+    write_results(args.name or "weights", payload, "\n".join(md), Path(args.out))
+    print("\n".join(md))
+    return payload
+
+
 def _write_speed(results: dict, out: Path, name: str | None) -> None:
     """Write ``<name>.json`` and the markdown table rendered from it (``python -m sixbit.bench render``
     re-renders a JSON file with the current renderer)."""
@@ -536,11 +588,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--device", default=None)
     s.add_argument("--out", default=str(RESULTS))
     s.add_argument("--name", default=None)
+    w = sub.add_parser("weights", help="transformer weight bytes at real sizes (CPU, random weights)")
+    w.add_argument("--sizes", nargs="+", default=["2b", "5b"], choices=["2b", "5b"])
+    w.add_argument("--out", default=str(RESULTS))
+    w.add_argument("--name", default=None)
     r = sub.add_parser("render", help="re-render the markdown table of a speed JSON file")
     r.add_argument("json", type=Path)
     args = p.parse_args(argv)
     if args.cmd == "render":
         _write_speed(json.loads(args.json.read_text()), args.json.parent, args.json.stem)
+        return 0
+    if args.cmd == "weights":
+        weights(args)
         return 0
     if args.cmd == "quality":
         quality(args)
