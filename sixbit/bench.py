@@ -149,8 +149,15 @@ def quality(args) -> dict:
     schedule = None
     total = len(configs) * len(prompts) * len(seeds)
     done = 0
+    overrides = {k: v for k, v in (("tdc_threshold", args.tdc_threshold), ("tdc_budget", args.tdc_budget))
+                 if v is not None}
     for cfg_name in configs:
-        handle = None if cfg_name == "fp16" else sixbit.apply(pipe, cfg_name)
+        handle = None
+        if cfg_name != "fp16":
+            cfg = make_config(cfg_name)
+            if cfg.tdc and overrides:
+                cfg = sixbit.SixBitConfig.preset(cfg_name, **overrides)
+            handle = sixbit.apply(pipe, cfg)
         try:
             for pi, prompt in enumerate(prompts):
                 for seed in seeds:
@@ -184,11 +191,12 @@ def quality(args) -> dict:
                "time_s")
     summary = {c: {m: _stats([r.get(m) for r in rows[c]]) for m in metrics} for c in configs}
     env = environment(device)
-    payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "prompts": prompts,
+    payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "tdc_overrides": overrides,
+               "prompts": prompts,
                "seeds": seeds, "environment": env, "summary": summary, "runs": rows}
     if schedule is not None:
         payload["full_skip_fraction"] = schedule.skip_fraction
-        sched_path = Path(args.out) / "schedule_mini.json"
+        sched_path = Path(args.out) / f"{args.name or 'quality_mini'}_schedule.json"
         sched_path.parent.mkdir(parents=True, exist_ok=True)
         schedule.source.update(model="sixbit-mini", generation={k: v for k, v in gen.items()}, preset="full")
         schedule.save(sched_path)
@@ -203,7 +211,9 @@ def quality(args) -> dict:
         md.append(f"| {LABELS[c]} | {_fmt(s['psnr'])} | {_fmt(s['ssim'], 3)} | {_fmt(s['flow_error'], 3)} | "
                   f"{_fmt(s['flow_score'], 3)} | {_fmt(s['flicker'], 4)} | {_fmt(s['adherence'], 1)} | "
                   f"{_fmt(s['avg_act_bits'])} | {_fmt(s['skip_fraction'])} | {_fmt(s['time_s'])} |")
-    md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items()), "", _env_md(env), ""]
+    md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items())
+           + (("; TDC overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())) if overrides else ""),
+           "", _env_md(env), ""]
     write_results(args.name or "quality_mini", payload, "\n".join(md), Path(args.out))
     print("\n".join(md))
     return payload
@@ -483,7 +493,9 @@ def weights(args) -> dict:
         prev = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)  # build in bf16: 5B in fp32 would not fit a 24 GB machine
         try:
-            tr = CogVideoXTransformer3DModel(**SIZES[size]).eval()
+            # .to(): the sincos positional table is built in float64 under a bf16 default; cast it as
+            # from_pretrained(torch_dtype=bf16) does
+            tr = CogVideoXTransformer3DModel(**SIZES[size]).to(torch.bfloat16).eval()
         finally:
             torch.set_default_dtype(prev)
         base = _param_bytes(tr)
@@ -499,6 +511,11 @@ def weights(args) -> dict:
             rows[size]["variants"][label] = entry
             print(f"[weights {size}] {label}: {resident / 2**30:.2f} GiB ({base / resident:.2f}x smaller)", flush=True)
         del tr
+        _write_weights(rows, args)
+    return {"models": rows}
+
+
+def _write_weights(rows: dict, args) -> None:
     env = environment("cpu")
     md = ["# Transformer weight memory at real CogVideoX sizes", "",
           "Bytes the transformer keeps on the device after `sixbit.apply` (packed weights + the layers left in "
@@ -512,8 +529,6 @@ def weights(args) -> dict:
     md += ["", _env_md(env), ""]
     payload = {"benchmark": "weights", "environment": env, "models": rows}
     write_results(args.name or "weights", payload, "\n".join(md), Path(args.out))
-    print("\n".join(md))
-    return payload
 
 
 def _write_speed(results: dict, out: Path, name: str | None) -> None:
@@ -569,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--seeds", type=int, default=2)
     q.add_argument("--steps", type=int, default=None, help="override num_inference_steps")
     q.add_argument("--configs", nargs="*", choices=QUALITY_CONFIGS)
+    q.add_argument("--tdc-threshold", type=float, default=None, help="override for every configuration with TDC")
+    q.add_argument("--tdc-budget", type=float, default=None, help="override for every configuration with TDC")
     q.add_argument("--device", default=None)
     q.add_argument("--out", default=str(RESULTS))
     q.add_argument("--name", default=None)
