@@ -132,6 +132,14 @@ class SixBitConfig:
     )
     tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000, label="Never skip first K steps")
     tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000, label="Never skip last K steps")
+    after_skip: str = _f(
+        "int8",
+        "Route of a block's first computed step after a skip, which has no fresh Γ: 'int8' (the method) "
+        "or 'dmpq' (route by the block's last measured Γ, several steps old — fewer bits when TDC skips "
+        "often, not the paper's rule).",
+        choices=("int8", "dmpq"),
+        label="After-skip route",
+    )
     # --- PDR: purified delta refresh -------------------------------------------------------------------
     pdr: bool = _f(
         True,

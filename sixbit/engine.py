@@ -413,7 +413,7 @@ class SixBitHandle:
                 if pdr_rule.purify(oratio, cfg):
                     fired, mode, routes = True, "pdr", ["fp16"] * n
             if mode is None:
-                if bs.gamma is None or bs.skipped_last:
+                if bs.gamma is None or (bs.skipped_last and cfg.after_skip == "int8"):
                     mode, routes = ("after_skip" if bs.skipped_last else "no_gamma"), ["int8"] * n
                 else:
                     mode = "dmpq"

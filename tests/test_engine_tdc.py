@@ -183,3 +183,15 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
     assert h2.trace.to_dict()["summary"]["schedule_overrides"] == 0
     assert calls and set(calls) <= {2, 4}  # every decision statistic passes the reduce hook
     assert expected.resample(3).branches == sched.branches  # resampling back recovers the pattern
+
+
+def test_after_skip_route_can_use_the_last_measured_gamma():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
+                              tdc_first=0, tdc_last=0, after_skip="dmpq")
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe, num_inference_steps=10)
+    d = handle.trace.to_dict()
+    modes = {b["mode"] for s in d["steps"][1:] for b in s["blocks"]}
+    assert modes == {"dmpq", "skip"}
+    assert d["summary"]["route_counts"]["int8"] == 0 and d["summary"]["route_counts"]["skipped"] > 0
