@@ -42,13 +42,19 @@ def test_folder_is_small_safetensors_and_plain_from_pretrained_is_fp32():
     assert cfg.use_rotary_positional_embeddings and 8 <= cfg.num_layers <= 16
 
 
-def test_generates_a_video_of_the_right_shape_and_range(pipe):
-    v = _gen(pipe, EXAMPLE_PROMPTS[0], num_inference_steps=4)
+@pytest.fixture(scope="module")
+def default_video(pipe):
+    return _gen(pipe, EXAMPLE_PROMPTS[0], seed=0)
+
+
+def test_generates_a_video_of_the_right_shape_and_range(pipe, default_video):
+    v = default_video
     assert v.shape == (DEFAULT_GENERATION["num_frames"], DEFAULT_GENERATION["height"], DEFAULT_GENERATION["width"], 3)
     assert np.isfinite(v).all() and v.min() >= 0.0 and v.max() <= 1.0
     assert v.std() > 0.05  # not a flat image
-    again = _gen(pipe, EXAMPLE_PROMPTS[0], num_inference_steps=4)
-    np.testing.assert_array_equal(v, again)  # seeded: deterministic
+    a = _gen(pipe, EXAMPLE_PROMPTS[1], num_inference_steps=3)
+    b = _gen(pipe, EXAMPLE_PROMPTS[1], num_inference_steps=3)
+    np.testing.assert_array_equal(a, b)  # seeded: deterministic
 
 
 def test_different_prompts_give_different_videos(pipe):
@@ -57,7 +63,8 @@ def test_different_prompts_give_different_videos(pipe):
     assert np.abs(a - b).mean() > 0.05
 
 
-def test_default_generation_follows_the_prompt_colour_and_background(pipe):
+def test_default_generation_follows_the_first_example_prompt(default_video):
+    """The first example prompt was judged fully correct on both evaluation seeds (model card)."""
     prompt = EXAMPLE_PROMPTS[0]
-    v = J.judge(_gen(pipe, prompt, seed=0), prompt)
-    assert v.colour == 1.0 and v.background == 1.0, v.to_dict()
+    v = J.judge(default_video, prompt)
+    assert v.all_correct, v.to_dict()

@@ -35,14 +35,17 @@ DEFAULT_GENERATION: dict = {
 #: frames per second to play the 17-frame clips at
 FPS: int = 8
 
-#: prompts of the grammar that the committed model renders well (see the model card)
+#: prompts of the grammar that the committed model renders well: in the model-card evaluation each got
+#: colour, motion and background right on both seeds (the first four were fully correct on both)
 EXAMPLE_PROMPTS: list[str] = [
-    "a red circle moving left on a blue background",
-    "a yellow square moving up on a black background",
-    "a green triangle moving right on a white background",
-    "a cyan circle bouncing on a gray background",
-    "a white square growing on a purple background",
-    "a blue circle moving down-right on a black to white gradient",
+    "a red circle moving right on a black background",
+    "a green circle moving up-right on a white background",
+    "a white circle shrinking on a gray to red gradient",
+    "a cyan circle moving up-left on a red to gray gradient",
+    "a yellow square growing on a black background",
+    "a purple triangle bouncing on a black background",
+    "a yellow square moving down on a green background",
+    "a red triangle growing on a green background",
 ]
 
 

@@ -15,7 +15,8 @@ Phases (each one resumable):
    caption dropout (the empty prompt, as the pipeline's negative prompt) for classifier-free guidance,
    and an auxiliary loss that asks the pooled text encoding for the caption's attributes (a linear
    head per attribute, discarded after training) so the byte-level encoder learns words quickly. An
-   exponential moving average of both is what gets exported.
+   exponential moving average of both is what gets exported. ``--object-weight w`` (off by default,
+   not used for the committed model) weights the latent cells that objects cover by 1 + w.
 
 Every random draw is seeded from ``--seed`` and the step number, so a run is reproducible from its seed
 and step counts (GPU kernels aside). ``--minutes`` is a wall-clock budget: the VAE phase stops at
@@ -73,6 +74,14 @@ class AuxHeads(torch.nn.Module):
         mask = (ids != 0).unsqueeze(-1).to(emb.dtype)
         pooled = (emb * mask).sum(1) / mask.sum(1).clamp(min=1)
         return sum(F.cross_entropy(h(pooled).float(), labels[k]) for k, h in self.heads.items()) / len(self.heads)
+
+
+def latent_mask(alpha: torch.Tensor) -> torch.Tensor:
+    """Object coverage (B, 17, H, W) -> (B, 5, H/4, W/4) on the latent grid: max over each latent
+    cell's 4x4 pixels and its frames (latent frame 0 = frame 0, latent k = frames 4k-3 .. 4k)."""
+    B, Fr, H, W = alpha.shape
+    t = torch.cat([alpha[:, :1], alpha[:, 1:].reshape(B, (Fr - 1) // 4, 4, H, W).amax(2)], 1)
+    return F.max_pool2d(t.reshape(-1, 1, H, W), 4).reshape(B, t.shape[1], H // 4, W // 4)
 
 
 def step_rng(seed: int, phase: int, step: int) -> np.random.Generator:
@@ -288,13 +297,15 @@ class Trainer:
         self.vae.eval()
         self.vae.requires_grad_(False)
         n = a.pool
-        means, stds, ids, labels = [], [], [], {k: [] for k in _AUX_SIZES}
+        means, stds, ids, masks, labels = [], [], [], [], {k: [] for k in _AUX_SIZES}
         chunk = a.pool_batch
         for i0 in range(0, n, chunk):
             sc = D.sample_scenes(step_rng(a.seed, 3, i0), min(chunk, n - i0), split="train")
-            x = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev)
+            x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
             with torch.autocast(**self.amp):
                 post = self.vae.encode(x).latent_dist
+            if a.object_weight > 0:
+                masks.append((latent_mask(alpha) * 255).round().to(torch.uint8))
             means.append(post.mean.to(torch.bfloat16))
             stds.append(post.std.to(torch.bfloat16))
             ids.append(M.tokenize(self.tok, sc.captions()).to(self.dev))
@@ -306,6 +317,7 @@ class Trainer:
         self.pool_mean = torch.cat(means)
         self.pool_std = torch.cat(stds)
         self.pool_ids = torch.cat(ids)
+        self.pool_masks = torch.cat(masks) if masks else None
         self.pool_labels = {k: torch.cat(v).to(self.dev) for k, v in labels.items()}
         if self.state["scaling_factor"] is None:
             m = self.pool_mean[:2048].float()
@@ -361,8 +373,14 @@ class Trainer:
                                return_dict=False)[0]
                 keep = ~drop
                 aux = self.aux(emb[keep], ids[keep], {k: v[keep] for k, v in labels.items()})
-            loss = F.mse_loss(pred.float(), target.float())
-            objective = loss + a.aux_weight * aux
+            sq = (pred.float() - target.float()) ** 2
+            loss = sq.mean()
+            if self.pool_masks is not None:  # weight the latent cells that hold objects
+                w = 1.0 + a.object_weight * (self.pool_masks[idx].float() / 255.0).unsqueeze(2)
+                diff_loss = (w * sq).mean() / w.mean()
+            else:
+                diff_loss = loss
+            objective = diff_loss + a.aux_weight * aux
             self.dit_opt.zero_grad(set_to_none=True)
             objective.backward()
             gn = torch.nn.utils.clip_grad_norm_([p for grp in self.dit_opt.param_groups for p in grp["params"]], 1.0)
@@ -522,6 +540,8 @@ def parse_args(argv=None):
     ap.add_argument("--decay-frac", type=float, default=0.3, help="final fraction of steps with linear lr decay")
     ap.add_argument("--cfg-dropout", type=float, default=0.1)
     ap.add_argument("--aux-weight", type=float, default=0.1)
+    ap.add_argument("--object-weight", type=float, default=0.0,
+                    help="extra denoiser-loss weight on latent cells covered by objects (0: plain loss)")
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--ckpt-every", type=float, default=120.0, help="seconds between full checkpoints")
     ap.add_argument("--export-every", type=float, default=150.0, help="seconds between pipeline exports (0: end only)")
