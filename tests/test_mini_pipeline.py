@@ -29,7 +29,7 @@ def _gen(pipe, prompt, seed=0, **over):
 def test_folder_is_small_safetensors_and_plain_from_pretrained_is_fp32():
     root = Path(MINI_PATH)
     files = [p for p in root.rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in files) <= 40 * 2**20
+    assert sum(p.stat().st_size for p in files) <= 40_000_000
     weights = [p for p in files if p.suffix in (".bin", ".pt", ".pth", ".ckpt", ".safetensors")]
     assert weights and all(p.suffix == ".safetensors" for p in weights)
     idx = json.loads((root / "model_index.json").read_text())
