@@ -37,9 +37,15 @@ FP_ROUTES = ("fp16", "w4a16")
 
 def ops():
     """``sixbit_kernels.ops``: ``pack_linear``, ``linear``, ``compute_path`` (the kernels' contract)."""
-    from sixbit._kernels import kernels  # noqa: F401  (registers ``sixbit_kernels`` when not installed)
+    global _OPS
+    if _OPS is None:
+        from sixbit._kernels import kernels  # noqa: F401  (registers ``sixbit_kernels`` when not installed)
 
-    return importlib.import_module("sixbit_kernels.ops")
+        _OPS = importlib.import_module("sixbit_kernels.ops")
+    return _OPS
+
+
+_OPS = None
 
 
 # ------------------------------------------------------------------------------------------- module
