@@ -51,12 +51,13 @@ LABELS = {
 }
 
 
-def make_config(name: str):
-    """SixBitConfig of a benchmark row (a preset name or one of :data:`EXTRA_CONFIGS`)."""
+def make_config(name: str, **extra):
+    """SixBitConfig of a benchmark row (a preset name or one of :data:`EXTRA_CONFIGS`), with ``extra``
+    field overrides on top."""
     import sixbit
 
     preset, overrides = EXTRA_CONFIGS.get(name, (name, {}))
-    return sixbit.SixBitConfig.preset(preset, **overrides)
+    return sixbit.SixBitConfig.preset(preset, **{**overrides, **extra})
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
@@ -156,7 +157,7 @@ def quality(args) -> dict:
         if cfg_name != "fp16":
             cfg = make_config(cfg_name)
             if cfg.tdc and overrides:
-                cfg = sixbit.SixBitConfig.preset(cfg_name, **overrides)
+                cfg = make_config(cfg_name, **overrides)
             handle = sixbit.apply(pipe, cfg)
         try:
             for pi, prompt in enumerate(prompts):
@@ -401,7 +402,7 @@ def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, 
     pipe = sixbit.load_pipeline(model, device=device, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     overrides = {k: v for k, v in (("tdc_threshold", tdc_threshold), ("tdc_budget", tdc_budget)) if v is not None}
-    cfg = sixbit.SixBitConfig.preset("full", backend="torch", **overrides)
+    cfg = make_config("full", backend="torch", **overrides)
     handle = sixbit.apply(pipe, cfg)
     try:
         pipe(prompt=EXAMPLE_PROMPTS[0], generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
