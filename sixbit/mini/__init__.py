@@ -35,17 +35,17 @@ DEFAULT_GENERATION: dict = {
 #: frames per second to play the 17-frame clips at
 FPS: int = 8
 
-#: prompts of the grammar that the committed model renders well: in the model-card evaluation each got
-#: colour, motion and background right on both seeds (the first four were fully correct on both)
+#: prompts of the grammar that the committed model renders well: in the model-card evaluation
+#: (assets/sixbit-mini/eval.json) each was fully correct — colour, shape, motion, background — on both seeds
 EXAMPLE_PROMPTS: list[str] = [
     "a red circle moving right on a black background",
     "a green circle moving up-right on a white background",
     "a white circle shrinking on a gray to red gradient",
     "a cyan circle moving up-left on a red to gray gradient",
-    "a yellow square growing on a black background",
-    "a purple triangle bouncing on a black background",
-    "a yellow square moving down on a green background",
-    "a red triangle growing on a green background",
+    "a cyan triangle growing on a red background",
+    "a blue triangle moving down on a white to gray gradient",
+    "a yellow triangle moving down-left on a red background",
+    "a white triangle shrinking on a blue background",
 ]
 
 
