@@ -6,7 +6,8 @@ The engine knows nothing about CogVideoX or Wan; it asks an :class:`Adapter`:
 * ``block_linears(block)``     → the block's ``nn.Linear`` layers that DMPQ routes (names relative to the
   block). Modulation linears (``norm1.linear``/``norm2.linear`` of CogVideoX: M = batch rows, tiny
   compute, large error impact), embedders and ``proj_out`` are outside this list and stay in full
-  precision. With fused projections (``fuse_qkv_projections()`` before ``apply``) the fused layer is
+  precision unless the config asks for weight-only 4-bit storage (``outer_linears`` lists the
+  embedders; ``proj_out`` always stays). With fused projections (``fuse_qkv_projections()`` before ``apply``) the fused layer is
   quantized and the unused unfused ones are left alone;
 * ``streams_in(args, kwargs)`` / ``streams_out(output)`` / ``rebuild(output, streams)`` — the token
   streams a block updates residually. CogVideoX blocks update two streams and return
@@ -42,6 +43,8 @@ class Adapter:
     cfg: str
     fp_patterns: tuple[str, ...] = (r"(^|\.)norm\d*\.linear$",)
     """regexes of block-relative linear names that stay in full precision"""
+    output_linears: tuple[str, ...] = ("proj_out",)
+    """linears outside the blocks that always stay 16-bit: the model's output projection"""
     _arg_index: dict = field(default_factory=dict, repr=False)
 
     def matches(self, transformer: nn.Module) -> bool:
@@ -72,6 +75,14 @@ class Adapter:
                 continue
             out.append((name, mod))
         return out
+
+    def outer_linears(self, transformer: nn.Module) -> list[tuple[str, nn.Linear]]:
+        """The ``nn.Linear`` layers outside the blocks (text/time embedders, the final modulation), without
+        the output projection; names relative to the transformer. Candidates for weight-only 4-bit storage
+        (``SixBitConfig.embedder_weights``)."""
+        prefix = self.block_list + "."
+        return [(n, m) for n, m in transformer.named_modules()
+                if isinstance(m, nn.Linear) and not n.startswith(prefix) and n not in self.output_linears]
 
     # ---------------------------------------------------------------------------------------- call
     def _index(self, block: nn.Module) -> dict[str, int]:

@@ -487,6 +487,8 @@ def weights(args) -> dict:
         "full": ("full", {}),
         "full, 4-bit modulation weights": ("full", {"modulation_weights": "nvfp4"}),
         "w8a8": ("w8a8", {}),
+        "full, 4-bit modulation + embedder weights": ("full", {"modulation_weights": "nvfp4",
+                                                               "embedder_weights": "nvfp4"}),
         "full, INT8 route on W8A8": ("full", {"int8_route": "w8a8", "modulation_weights": "nvfp4"}),
     }
     for size in args.sizes:
@@ -500,7 +502,9 @@ def weights(args) -> dict:
         finally:
             torch.set_default_dtype(prev)
         base = _param_bytes(tr)
-        rows[size] = {"params": sum(p.numel() for p in tr.parameters()), "bf16_bytes": base, "variants": {}}
+        base_params = sum(p.numel() * p.element_size() for p in tr.parameters())
+        rows[size] = {"params": sum(p.numel() for p in tr.parameters()), "bf16_bytes": base,
+                      "bf16_param_bytes": base_params, "variants": {}}
         for label, (preset, over) in variants.items():
             t0 = time.perf_counter()
             handle = sixbit.apply(tr, sixbit.SixBitConfig.preset(preset, **over))
@@ -508,9 +512,12 @@ def weights(args) -> dict:
             handle.remove()
             entry = {"preset": preset, "overrides": over, "memory": mem}
             resident = _transformer_weight_bytes(entry, {"transformer_weight_bytes_bf16": base})
-            entry.update(resident_bytes=resident, reduction=base / resident, pack_seconds=time.perf_counter() - t0)
+            params_only = mem["packed_bytes"] + mem["other_transformer_bytes"] + mem["fp_bytes_on_device"]
+            entry.update(resident_bytes=resident, reduction=base / resident, param_bytes=params_only,
+                         param_reduction=base_params / params_only, pack_seconds=time.perf_counter() - t0)
             rows[size]["variants"][label] = entry
-            print(f"[weights {size}] {label}: {resident / 2**30:.2f} GiB ({base / resident:.2f}x smaller)", flush=True)
+            print(f"[weights {size}] {label}: {resident / 2**30:.2f} GiB ({base / resident:.2f}x smaller; "
+                  f"parameters alone {base_params / params_only:.2f}x)", flush=True)
         del tr
         _write_weights(rows, args)
     return {"models": rows}
@@ -521,12 +528,16 @@ def _write_weights(rows: dict, args) -> None:
     md = ["# Transformer weight memory at real CogVideoX sizes", "",
           "Bytes the transformer keeps on the device after `sixbit.apply` (packed weights + the layers left in "
           "16 bits + buffers), against the bf16 model. Measured by packing a random-weight model on the CPU: "
-          "the byte count does not depend on the device or the values.", "",
-          "| model | configuration | GiB | × smaller than bf16 |", "|---|---|---|---|"]
+          "the byte count does not depend on the device or the values. *resident* counts parameters and buffers "
+          "(CogVideoX-2B has a 68 MB bf16 sin-cos positional table that no weight format changes); "
+          "*parameters* counts the weights alone.", "",
+          "| model | configuration | resident GiB | × smaller | parameters GiB | × smaller |", "|---|---|---|---|---|---|"]
     for size, r in rows.items():
-        md.append(f"| CogVideoX-{size.upper()} | bf16 | {r['bf16_bytes'] / 2**30:.2f} | 1.00 |")
+        bp = r.get("bf16_param_bytes", r["bf16_bytes"])
+        md.append(f"| CogVideoX-{size.upper()} | bf16 | {r['bf16_bytes'] / 2**30:.2f} | 1.00 | {bp / 2**30:.2f} | 1.00 |")
         for label, e in r["variants"].items():
-            md.append(f"| CogVideoX-{size.upper()} | {label} | {e['resident_bytes'] / 2**30:.2f} | {e['reduction']:.2f} |")
+            md.append(f"| CogVideoX-{size.upper()} | {label} | {e['resident_bytes'] / 2**30:.2f} | {e['reduction']:.2f} | "
+                      f"{e['param_bytes'] / 2**30:.2f} | {e['param_reduction']:.2f} |")
     md += ["", _env_md(env), ""]
     payload = {"benchmark": "weights", "environment": env, "models": rows}
     write_results(args.name or "weights", payload, "\n".join(md), Path(args.out))

@@ -118,6 +118,14 @@ class SixBitConfig:
         choices=("fp", "nvfp4"),
         label="Modulation weights",
     )
+    embedder_weights: str = _f(
+        "fp",
+        "Weights of the transformer's linears outside the blocks — text projection, time-embedding MLP, "
+        "final modulation (~0.6 % of CogVideoX-2B's parameters; the output projection always stays "
+        "16-bit): 'fp' = untouched; 'nvfp4' = weight-only 4-bit, like modulation_weights.",
+        choices=("fp", "nvfp4"),
+        label="Embedder weights",
+    )
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
     tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.", label="Temporal Delta Cache")
     tdc_threshold: float = _f(

@@ -229,15 +229,20 @@ class SixBitHandle:
                 k_sigma=cfg.pdr_k_sigma if cfg.trace_linear_outliers else None,
             )
             self.modules = [new[n] for n in self.linear_names]
-        self.modulation_modules: list[SixBitLinear] = []
+        # weight-only 4-bit storage (route w4a16, never routed by DMPQ): modulation and embedder linears
+        self.weight_only_modules: list[SixBitLinear] = []
+        wo_names = []
         if cfg.modulation_weights == "nvfp4":
-            names = [f"{bname}.{rel}" for bname, block in blocks
-                     for rel, lin in adapter.block_linears(block, modulation=True) if lin.in_features % 16 == 0]
-            new, orig = swap_linears(transformer, names, formats_=("nvfp4",), hadamard_block=0,
+            wo_names += [f"{bname}.{rel}" for bname, block in blocks
+                         for rel, lin in adapter.block_linears(block, modulation=True) if lin.in_features % 16 == 0]
+        if cfg.embedder_weights == "nvfp4":
+            wo_names += [n for n, lin in adapter.outer_linears(transformer) if lin.in_features % 16 == 0]
+        if wo_names:
+            new, orig = swap_linears(transformer, wo_names, formats_=("nvfp4",), hadamard_block=0,
                                      fp_weights=cfg.fp_weights, int8_route="int8", backend=cfg.backend, k_sigma=None)
             for m in new.values():
                 m.route = "w4a16"
-            self.modulation_modules = list(new.values())
+            self.weight_only_modules = [new[n] for n in wo_names]
             self._originals.update(orig)
 
         # hooks
@@ -459,7 +464,7 @@ class SixBitHandle:
         ``fp_weights="device"``), ``other_transformer_bytes`` (the transformer's remaining parameters:
         modulation, embedders, norms, proj_out). Transformer weights on the device = packed + fp_on_device
         + other."""
-        packed = sum(int(m.packed.nbytes) for m in self.modules + self.modulation_modules)
+        packed = sum(int(m.packed.nbytes) for m in self.modules + self.weight_only_modules)
         orig = sum(p.numel() * p.element_size() for lin, _ in self._originals.values() for p in lin.parameters())
         on_dev = orig if self.cfg.fp_weights == "device" else 0
         rest = sum(p.numel() * p.element_size() for p in self.transformer.parameters())
@@ -494,7 +499,7 @@ class SixBitHandle:
             self.transformer._diffusers_hook.invalidate_child_registries_cache()
         restore_linears(self.transformer, self._originals)
         self.modules = []
-        self.modulation_modules = []
+        self.weight_only_modules = []
         self._originals = {}
         del self.transformer._sixbit_handle
         self.removed = True

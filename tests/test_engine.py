@@ -149,12 +149,35 @@ def test_modulation_weights_option_quantizes_weights_only(pipe):
     plain.remove()
     handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", modulation_weights="nvfp4"))
     mem = handle.memory()
-    assert len(handle.modulation_modules) == 2 * 3 and len(handle.linear_names) == 18
-    assert all(m.route == "w4a16" for m in handle.modulation_modules)
+    assert len(handle.weight_only_modules) == 2 * 3 and len(handle.linear_names) == 18
+    assert all(m.route == "w4a16" for m in handle.weight_only_modules)
     assert mem["other_transformer_bytes"] < m_plain["other_transformer_bytes"]
     out = generate(pipe)
     d = handle.trace.to_dict()
     assert not any("norm" in n for n in d["linears"])  # not routed, not in the trace's layer list
+    assert 0 < float((out - ref).norm() / ref.norm()) < 0.2
+    handle.remove()
+    assert torch.equal(generate(pipe), ref)
+
+
+def test_embedder_weights_option_packs_outer_linears_but_not_proj_out(pipe):
+    from sixbit.adapters import get_adapter
+
+    ref = generate(pipe)
+    outer = [n for n, _ in get_adapter(pipe.transformer).outer_linears(pipe.transformer)]
+    assert "patch_embed.text_proj" in outer and "time_embedding.linear_1" in outer and "norm_out.linear" in outer
+    assert "proj_out" not in outer and not any(n.startswith("transformer_blocks.") for n in outer)
+    before = sixbit.apply(pipe, SixBitConfig.preset("balanced", modulation_weights="nvfp4"))
+    m_before = before.memory()
+    before.remove()
+    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", modulation_weights="nvfp4", embedder_weights="nvfp4"))
+    mem = handle.memory()
+    assert len(handle.weight_only_modules) == 2 * 3 + len(outer)
+    assert all(m.route == "w4a16" for m in handle.weight_only_modules)
+    assert isinstance(pipe.transformer.proj_out, torch.nn.Linear)  # the output projection stays
+    assert mem["other_transformer_bytes"] < m_before["other_transformer_bytes"]
+    assert mem["packed_bytes"] > m_before["packed_bytes"]
+    out = generate(pipe)
     assert 0 < float((out - ref).norm() / ref.norm()) < 0.2
     handle.remove()
     assert torch.equal(generate(pipe), ref)

@@ -1,0 +1,77 @@
+"""Smoke tests of ``python -m sixbit.bench``: every sub-command runs end to end on the CPU at toy sizes and
+writes a JSON file and a markdown table whose numbers are consistent with each other. (The numbers in
+benchmarks/results/ come from the same code at real sizes; speed is never asserted here.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from sixbit import bench
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench")
+
+
+def test_quality_smoke_on_sixbit_mini(out, one_thread):
+    bench.main(["quality", "--prompts", "1", "--seeds", "1", "--steps", "4", "--configs", "fp16", "w4a4", "full",
+                "--out", str(out), "--name", "q"])
+    data = json.loads((out / "q.json").read_text())
+    md = (out / "q.md").read_text()
+    assert set(data["summary"]) == {"fp16", "w4a4", "full"}
+    assert [len(data["runs"][c]) for c in ("fp16", "w4a4", "full")] == [1, 1, 1]
+    # the reference compared with itself is identical; the all-NVFP4 run is not, and reports 4.5 bits
+    assert math.isinf(data["runs"]["fp16"][0]["psnr"]) and data["summary"]["fp16"]["psnr"]["n"] == 0
+    w4 = data["summary"]["w4a4"]
+    assert 10 < w4["psnr"]["mean"] < 80 and 0 < w4["ssim"]["mean"] < 1
+    assert w4["avg_act_bits"]["mean"] == pytest.approx(4.5)
+    assert 0 <= data["summary"]["full"]["skip_fraction"]["mean"] < 1
+    for c in ("fp16", "w4a4", "full"):
+        assert 0 <= data["summary"][c]["adherence"]["mean"] <= 100
+    for label in ("FP16/FP32 (reference)", "static W4A4 (all NVFP4)", "full 6Bit (DMPQ+TDC+PDR)"):
+        assert f"| {label} |" in md
+    assert (out / "q_schedule.json").exists()  # the full method's skip pattern, for the speed benchmark
+
+
+def test_speed_smoke_at_tiny_size(out, one_thread):
+    bench.main(["speed", "--sizes", "tiny", "--steps", "3", "--frames", "9", "--height", "32", "--width", "32",
+                "--configs", "bf16", "w8a8", "tdc_only", "--device", "cpu", "--out", str(out), "--name", "s"])
+    data = json.loads((out / "s.json").read_text())
+    rec = data["models"]["tiny"]
+    assert set(rec["configs"]) == {"bf16", "w8a8", "tdc_only"}
+    for e in rec["configs"].values():
+        assert "error" not in e, e.get("error")
+        assert e["denoise_s"] > 0
+    assert rec["configs"]["w8a8"]["avg_act_bits"] == pytest.approx(8.0)
+    md = (out / "s.md").read_text()
+    assert "| bf16 diffusers baseline |" in md and "| static W8A8 |" in md
+    # re-rendering the JSON gives the same table
+    (out / "s.md").unlink()
+    bench.main(["render", str(out / "s.json")])
+    assert (out / "s.md").read_text() == md
+
+
+def test_weights_counts_packed_bytes(out, monkeypatch):
+    # the real sizes take minutes on 2 cores; a small CogVideoX has the same structure
+    monkeypatch.setitem(bench.SIZES, "2b", dict(num_attention_heads=2, attention_head_dim=32, num_layers=2,
+                                                 text_embed_dim=64, time_embed_dim=32, sample_height=8,
+                                                 sample_width=8, sample_frames=9, max_text_seq_length=16,
+                                                 in_channels=4, out_channels=4, use_rotary_positional_embeddings=True))
+    bench.main(["weights", "--sizes", "2b", "--out", str(out), "--name", "w"])
+    r = json.loads((out / "w.json").read_text())["models"]["2b"]
+    v = r["variants"]
+    full, mod, emb = (v["full"], v["full, 4-bit modulation weights"],
+                      v["full, 4-bit modulation + embedder weights"])
+    # more layers packed → fewer bytes; every variant is smaller than bf16; NVFP4 cannot beat 16/4.5
+    assert r["bf16_bytes"] > full["resident_bytes"] > mod["resident_bytes"] > emb["resident_bytes"]
+    assert emb["param_reduction"] < 16 / 4.5
+    assert v["w8a8"]["param_reduction"] < 2.0
+    assert all(e["param_reduction"] >= e["reduction"] * 0.999 for e in v.values())
+    md = (out / "w.md").read_text()
+    assert "4-bit modulation + embedder weights" in md and "parameters GiB" in md
+    assert torch.get_default_dtype() == torch.float32  # the bf16 default used while building is restored
