@@ -106,8 +106,10 @@ class SixBitConfig:
         "cpu",
         "Where the original (bf16/fp16) weights of quantized layers live: 'cpu' = offloaded (the GPU "
         "holds only packed weights; full-precision steps use 4-bit weights × 16-bit activations, "
-        "'w4a16'); 'device' = kept on the device (true FP16 steps, no memory saving).",
-        choices=("cpu", "device"),
+        "'w4a16'); 'stream' = offloaded to pinned host memory and copied to the GPU layer by layer for "
+        "full-precision steps only (true FP16 warm-up/PDR, packed-only residency, costs host→device "
+        "bandwidth on those steps); 'device' = kept on the device (true FP16 steps, no memory saving).",
+        choices=("cpu", "stream", "device"),
         label="Original weights",
     )
     modulation_weights: str = _f(
@@ -160,7 +162,9 @@ class SixBitConfig:
         label="Purified Delta Refresh",
     )
     pdr_rho: float = _f(
-        1e-3, "ρ: outlier-ratio threshold of PDR (fraction of input elements beyond k_σ · token RMS).",
+        3.6e-3,
+        "ρ: outlier-ratio threshold of PDR (fraction of input elements beyond k_σ · token RMS). The default "
+        "is the 95th percentile of sixbit-mini's block-input ratio (benchmarks/results/engine_defaults.md).",
         min=0.0, max=1.0,
         label="PDR ρ (outlier ratio)",
     )

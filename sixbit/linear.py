@@ -7,8 +7,9 @@ by default — so that :func:`restore_linears` can put them back bit for bit.
 The route of every call is chosen from outside: the engine sets ``module.route`` before the block runs
 (DMPQ decides ``"nvfp4"``/``"int8"``, warm-up and PDR ask for full precision). The layer resolves
 
-* ``"fp16"``  → ``F.linear`` with the original weights when they are kept on the device
-  (``fp_weights="device"``), otherwise ``"w4a16"`` (16-bit activations × dequantized 4-bit weights);
+* ``"fp16"``  → ``F.linear`` with the original weights: kept on the device (``fp_weights="device"``), or
+  kept in (pinned) host memory and copied to the device for that call (``fp_weights="stream"``);
+  otherwise (``fp_weights="cpu"``) ``"w4a16"`` (16-bit activations × dequantized 4-bit weights);
 * ``"int8"``  → ``"w8a8"`` when the packed weights hold an INT8 copy and the config asks for it;
 * everything else goes to ``sixbit_kernels.ops.linear(x, packed, route)``.
 
@@ -70,14 +71,14 @@ class SixBitLinear(nn.Module):
     """A linear layer computing from packed 4/8-bit weights; ``route`` is set per call by the engine.
 
     Holds: ``packed`` (the kernels' PackedLinear: codes, scales, bias), and — only with
-    ``fp_weights="device"`` — a reference to the original layer for true FP16 steps. Neither is a
-    registered parameter: ``state_dict()`` of a quantized model does not contain the packed weights
+    ``fp_weights="device"`` or ``"stream"`` — a reference to the original layer for true FP16 steps (on the
+    device, or in host memory). Neither is a registered parameter: ``state_dict()`` of a quantized model does not contain the packed weights
     (sixbit quantizes at load time, it does not save quantized checkpoints).
     """
 
     def __init__(self, name: str, packed, in_features: int, out_features: int, *,
-                 fp_linear: nn.Linear | None = None, int8_route: str = "int8", backend: str = "auto",
-                 k_sigma: float | None = None):
+                 fp_linear: nn.Linear | None = None, host_linear: nn.Linear | None = None,
+                 int8_route: str = "int8", backend: str = "auto", k_sigma: float | None = None):
         super().__init__()
         self.name = name
         self.in_features = in_features
@@ -87,6 +88,7 @@ class SixBitLinear(nn.Module):
         self.backend = backend
         self.k_sigma = k_sigma
         object.__setattr__(self, "_fp", fp_linear)  # not a registered submodule
+        object.__setattr__(self, "_host", host_linear)  # the original in host memory ("stream")
         self.route = "nvfp4"
         #: (outlier count tensor, element count) of the last call's input, when k_sigma is set
         self.last_outliers: tuple[torch.Tensor, int] | None = None
@@ -97,7 +99,8 @@ class SixBitLinear(nn.Module):
 
     @property
     def has_fp_weights(self) -> bool:
-        return self._fp is not None
+        """True FP16 steps possible: the original weights are on the device or streamed from the host."""
+        return self._fp is not None or self._host is not None
 
     def __getattr__(self, name):
         # fuse_qkv_projections and friends read .weight: fail with a clear message (an AttributeError,
@@ -111,7 +114,7 @@ class SixBitLinear(nn.Module):
 
     def resolve(self, route: str) -> str:
         if route == "fp16":
-            return "fp16" if self._fp is not None else "w4a16"
+            return "fp16" if self.has_fp_weights else "w4a16"
         if route == "int8" and self.int8_route == "w8a8":
             return "w8a8"
         return route
@@ -120,7 +123,12 @@ class SixBitLinear(nn.Module):
         route = self.resolve(self.route)
         self.last_route = route
         if route == "fp16":
-            y = F.linear(x, self._fp.weight, self._fp.bias)
+            if self._fp is not None:
+                w, b = self._fp.weight, self._fp.bias
+            else:  # stream: copy this layer's original weights for this call (pinned → async on CUDA)
+                w = self._host.weight.to(x.device, non_blocking=True)
+                b = None if self._host.bias is None else self._host.bias.to(x.device, non_blocking=True)
+            y = F.linear(x, w, b)
             count = fmt.outlier_count(x, self.k_sigma)[0] if self.k_sigma is not None else None
         else:
             y, count = ops().linear(x, self.packed, route, k_sigma=self.k_sigma, backend=self.backend)
@@ -158,8 +166,9 @@ def swap_linears(root: nn.Module, names: list[str], *, formats_: tuple[str, ...]
     """Replace ``root.<name>`` (each an ``nn.Linear``) by a SixBitLinear.
 
     Returns ``(new_modules, originals)``: ``originals[name] = (module, device)``; with
-    ``fp_weights="cpu"`` the original module has been moved to the CPU (packing happens first, on the
-    layer's own device).
+    ``fp_weights="cpu"`` or ``"stream"`` the original module has been moved to the CPU (packing happens
+    first, on the layer's own device); ``"stream"`` also pins it when CUDA is available and hands it to
+    the SixBitLinear for true FP16 steps.
     """
     new, originals = {}, {}
     for name in names:
@@ -171,13 +180,17 @@ def swap_linears(root: nn.Module, names: list[str], *, formats_: tuple[str, ...]
         hb = effective_hadamard_block(lin.in_features, hadamard_block)
         with torch.no_grad():
             packed = ops().pack_linear(lin.weight, lin.bias, formats=formats_, hadamard_block=hb)
-        keep = lin if fp_weights == "device" else None
-        mod = SixBitLinear(name, packed, lin.in_features, lin.out_features, fp_linear=keep,
+        if fp_weights in ("cpu", "stream"):
+            lin.to("cpu")
+            if fp_weights == "stream" and torch.cuda.is_available():
+                for prm in lin.parameters():
+                    prm.data = prm.data.pin_memory()
+        mod = SixBitLinear(name, packed, lin.in_features, lin.out_features,
+                           fp_linear=lin if fp_weights == "device" else None,
+                           host_linear=lin if fp_weights == "stream" else None,
                            int8_route=int8_route, backend=backend, k_sigma=k_sigma)
         mod.train(lin.training)
         setattr(parent, child, mod)
-        if fp_weights == "cpu":
-            lin.to("cpu")
         originals[name] = (lin, device)
         new[name] = mod
     return new, originals

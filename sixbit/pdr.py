@@ -4,9 +4,11 @@ A computed block's residual Δ is written to the temporal delta cache and may be
 steps, so any quantization error in it is reused too. PDR checks, *before* the block runs, the outlier
 ratio of its input (``sixbit.formats.outlier_ratio``: elements beyond ``k_σ`` times their token's RMS,
 counted over all the streams the block updates). If it exceeds ρ, the whole block runs with
-full-precision activations for this step — route ``"fp16"`` (the original weights, when
-``fp_weights="device"``) or ``"w4a16"`` (16-bit activations × the 4-bit weights; the default, which
-keeps no 16-bit weights on the GPU) — so the cached Δ is clean of activation quantization error.
+full-precision activations for this step — route ``"fp16"`` (the original weights: on the device with
+``fp_weights="device"``, copied from pinned host memory for that block with ``"stream"``) or ``"w4a16"``
+(16-bit activations × the 4-bit weights; ``"cpu"``, the default, which keeps no 16-bit weights on the GPU
+and moves none there) — so the cached Δ is clean of activation quantization error (and, with the original
+weights, of the 4-bit weight error too).
 
 When does a delta count as "about to be cached"? Only when a later step could reuse it: TDC on,
 quantization on, past warm-up, and the next step is one at which the block may skip

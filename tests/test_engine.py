@@ -142,6 +142,28 @@ def test_memory_is_honest_by_default(pipe):
     assert all(m.has_fp_weights for m in h2.modules) and h2.memory()["fp_bytes_on_device"] > 0
 
 
+def test_fp_weights_stream_runs_true_fp16_steps_from_host_copies(pipe):
+    ref = generate(pipe)
+    outs, routes = {}, {}
+    for mode in ("cpu", "stream", "device"):
+        p = tiny_cogvideox_pipeline(seed=0)
+        before = sum(x.numel() for x in p.transformer.parameters())
+        h = sixbit.apply(p, SixBitConfig.preset("balanced", fp_weights=mode))
+        outs[mode] = generate(p)
+        routes[mode] = {m.resolve("fp16") for m in h.modules}
+        if mode == "stream":
+            # packed-only residency, like "cpu": no 16-bit weight is a parameter of the model any more
+            routed = sum(lin.weight.numel() + lin.bias.numel() for lin, _ in h._originals.values())
+            assert sum(x.numel() for x in p.transformer.parameters()) == before - routed
+            assert h.memory()["fp_bytes_on_device"] == 0 and all(m.has_fp_weights for m in h.modules)
+            assert all(lin.weight.device.type == "cpu" for lin, _ in h._originals.values())
+            h.remove()
+            assert torch.equal(generate(p), ref)
+    assert routes == {"cpu": {"w4a16"}, "stream": {"fp16"}, "device": {"fp16"}}
+    # warm-up and PDR steps use the original weights: identical to keeping them on the device
+    assert torch.equal(outs["stream"], outs["device"]) and not torch.equal(outs["stream"], outs["cpu"])
+
+
 def test_modulation_weights_option_quantizes_weights_only(pipe):
     ref = generate(pipe)
     plain = sixbit.apply(pipe, "balanced")
