@@ -20,7 +20,7 @@ w8a8            w8a8         no     no     static baseline: INT8 weights × INT8
 ==============  ===========  =====  =====  ===============================================
 
 Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; latent error vs FP32 over two prompts,
-docs/ENGINE.md "Defaults"): ``balanced`` skips ~34 % of block evaluations, ``aggressive`` ~45 %. They are
+docs/ENGINE.md "Defaults"): ``balanced`` skips ~36 % of block evaluations, ``aggressive`` ~48 %. They are
 starting points for other models and step counts, not calibrated values.
 
 Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
