@@ -112,11 +112,13 @@ def _default_call(pipe) -> dict[str, Any]:
 
 def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, target_bits: float = 6.0,
               hadamard_block: int = 64, negative_prompt: str = "", call_kwargs: dict | None = None,
-              model_name: str | None = None, log=None) -> tuple[Policy, dict[str, Any]]:
-    """Calibrate on ``pipe`` (see the module docstring). Returns (policy, report)."""
+              model_name: str | None = None, log=None, fingerprint: str | None = None) -> tuple[Policy, dict[str, Any]]:
+    """Calibrate on ``pipe`` (see the module docstring). Returns (policy, report). ``fingerprint``: the
+    transformer weights' sha256 when the caller already took it (else it is computed here)."""
     from sixbit.engine import apply
 
-    fingerprint = transformer_fingerprint(getattr(pipe, "name_or_path", None))  # before the weights are used
+    if fingerprint is None:  # before the weights are used
+        fingerprint = transformer_fingerprint(getattr(pipe, "name_or_path", None))
     cfg = SixBitConfig(quant="dmpq", tdc=False, pdr=False, warmup_steps=1000, fp_weights="device",
                        hadamard_block=hadamard_block, policy=None, trace_linear_outliers=False)
     handle = apply(pipe, cfg)
@@ -266,15 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     policy, report = calibrate(
         pipe, prompts, steps=args.steps, seed=args.seed, target_bits=args.target_bits,
         hadamard_block=args.hadamard_block, negative_prompt=args.negative_prompt, call_kwargs=call,
-        model_name=args.model or "sixbit-mini", log=lambda s: print(s, file=sys.stderr),
+        model_name=args.model or "sixbit-mini", log=lambda s: print(s, file=sys.stderr), fingerprint=before,
     )
-    if before != transformer_fingerprint(model_path) or before != policy.meta["transformer_sha256"]:
+    if before != transformer_fingerprint(model_path):
         print(f"error: the weights in {model_path} changed while calibrating; nothing written", file=sys.stderr)
         return 1
-    out = policy.save(args.out)
     command = "python -m sixbit.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
     policy.meta["command"] = command
-    policy.save(out)
+    out = policy.save(args.out)
     rep = Path(args.report) if args.report else out.with_suffix(".md")
     rep.write_text(report_markdown(report, command))
     print(f"wrote {out} and {rep}: R² pooled {report['r2_overall']}, τ {report['tau']:.5g} "

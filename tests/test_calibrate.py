@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import sixbit
+import sixbit.calibrate as cal
 from sixbit import Policy, SixBitConfig
-from sixbit.calibrate import calibrate, fit_line, main, read_prompts
+from sixbit.calibrate import calibrate, fit_line, main, read_prompts, transformer_fingerprint
 from sixbit.testing import COGVIDEOX_CALL, generate, save_and_reload, tiny_cogvideox_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,7 +60,7 @@ def test_calibrate_writes_a_policy_that_loads_back_and_drives_routing(tmp_path):
             assert s["routes"][j] == ("int8" if e > loaded.tau else "nvfp4")
 
 
-def test_calibrate_cli(tmp_path, capsys):
+def test_calibrate_cli(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "tiny"
     save_and_reload(tiny_cogvideox_pipeline(seed=0, num_layers=2), folder)
     prompts = tmp_path / "prompts.txt"
@@ -74,6 +75,14 @@ def test_calibrate_cli(tmp_path, capsys):
     md = out.with_suffix(".md").read_text()
     assert "R² pooled within layers" in md and "transformer_blocks.1.ff.net.2" in md
     assert "wrote" in capsys.readouterr().out
+    assert pol.meta["transformer_sha256"] == transformer_fingerprint(folder)
+    # weights that change while calibrating: refused, nothing written
+    hashes = iter(["before", "after"])
+    monkeypatch.setattr(cal, "transformer_fingerprint", lambda path: next(hashes))
+    out2 = tmp_path / "out" / "refused.json"
+    rc = main(["--model", str(folder), "--prompts", str(prompts), "--out", str(out2), "--steps", "2",
+               "--frames", "9", "--height", "32", "--width", "32", "--device", "cpu"])
+    assert rc == 1 and not out2.exists() and "changed while calibrating" in capsys.readouterr().err
     bad = tmp_path / "empty.txt"
     bad.write_text("# nothing\n")
     with pytest.raises(ValueError, match="no prompts"):
