@@ -43,6 +43,7 @@ def main(argv=None) -> int:
 
     import sixbit
     from sixbit import SixBitConfig
+    from sixbit.bench import write_results
     from sixbit.mini import DEFAULT_GENERATION, EXAMPLE_PROMPTS, MINI_PATH
 
     pipe = sixbit.load_pipeline(MINI_PATH, device="cpu")
@@ -88,12 +89,9 @@ def main(argv=None) -> int:
              "outlier_ratio_quantiles": {q: float(np.quantile(outl, q)) for q in (0.05, 0.5, 0.95)}}
     print(json.dumps(stats), flush=True)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"command": f"python benchmarks/engine_defaults.py --prompts {args.prompts}", "model": "sixbit-mini",
             "generation": DEFAULT_GENERATION, "prompts": prompts, "seed": 0, "device": "cpu",
             "torch": torch.__version__, "python": platform.python_version()}
-    (out / "engine_defaults.json").write_text(json.dumps({"meta": meta, "rows": rows, "stats": stats}, indent=1) + "\n")
     md = ["# Engine presets on sixbit-mini (latent error proxy)", "",
           f"`{meta['command']}` — {len(prompts)} prompts, seed 0, {DEFAULT_GENERATION['num_inference_steps']} "
           "steps, CPU reference path. Relative L2 error of the final latents vs the plain FP32 pipeline "
@@ -107,7 +105,7 @@ def main(argv=None) -> int:
            " ".join("—" if v is None else f"{v:.2f}" for v in sim_by_step), "",
            "Block-input outlier ratio (k_σ = 8) where PDR measures it: 5 % / 50 % / 95 % quantiles "
            + " / ".join(f"{v:.2e}" for v in stats["outlier_ratio_quantiles"].values()) + "."]
-    (out / "engine_defaults.md").write_text("\n".join(md) + "\n")
+    write_results("engine_defaults", {"meta": meta, "rows": rows, "stats": stats}, "\n".join(md) + "\n", Path(args.out))
     return 0
 
 

@@ -51,7 +51,7 @@ LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
     "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)", "w8a8_tdc": "static W8A8 + TDC",
-    "bf16_tdc": "TDC only", "dmpq_tdc_stream": "DMPQ+TDC, no PDR · FP16 weights streamed",
+    "dmpq_tdc_stream": "DMPQ+TDC, no PDR · FP16 weights streamed",
     "full_stream": "full 6Bit · FP16 weights streamed",
 }
 
@@ -63,6 +63,11 @@ def make_config(name: str, **extra):
 
     preset, overrides = EXTRA_CONFIGS.get(name, (name, {}))
     return sixbit.SixBitConfig.preset(preset, **{**overrides, **extra})
+
+
+def _tdc_overrides(threshold: float | None, budget: float | None) -> dict[str, float]:
+    """The TDC threshold/budget given on the command line, as SixBitConfig field overrides."""
+    return {k: v for k, v in (("tdc_threshold", threshold), ("tdc_budget", budget)) if v is not None}
 
 
 def environment(device: torch.device | str) -> dict[str, Any]:
@@ -129,9 +134,9 @@ def quality(args) -> dict:
     from sixbit.mini import DEFAULT_GENERATION
     from sixbit.mini.data import prompt_set
     from sixbit.mini.judge import judge
+    from sixbit.video import to_uint8
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     pipe = sixbit.load_pipeline(args.model, device=device)
     pipe.set_progress_bar_config(disable=True)
     gen = {**DEFAULT_GENERATION}
@@ -148,15 +153,14 @@ def quality(args) -> dict:
         g = torch.Generator("cpu").manual_seed(seed)
         t0 = time.perf_counter()
         out = pipe(prompt=prompt, generator=g, output_type="np", callback_on_step_end=callback, **gen).frames[0]
-        return (np.clip(out, 0, 1) * 255).round().astype(np.uint8), time.perf_counter() - t0
+        return to_uint8(out), time.perf_counter() - t0
 
     rows: dict[str, list[dict]] = {c: [] for c in configs}
     refs: dict[tuple[int, int], np.ndarray] = {}
     schedule = None
     total = len(configs) * len(prompts) * len(seeds)
     done = 0
-    overrides = {k: v for k, v in (("tdc_threshold", args.tdc_threshold), ("tdc_budget", args.tdc_budget))
-                 if v is not None}
+    overrides = _tdc_overrides(args.tdc_threshold, args.tdc_budget)
     for cfg_name in configs:
         handle = None
         if cfg_name != "fp16":
@@ -408,7 +412,7 @@ def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, 
 
     pipe = sixbit.load_pipeline(model, device=device, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    overrides = {k: v for k, v in (("tdc_threshold", tdc_threshold), ("tdc_budget", tdc_budget)) if v is not None}
+    overrides = _tdc_overrides(tdc_threshold, tdc_budget)
     cfg = make_config("full", backend="torch", **overrides)
     handle = sixbit.apply(pipe, cfg)
     try:
@@ -576,11 +580,12 @@ def _write_speed(results: dict, out: Path, name: str | None) -> None:
                 md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | |")
                 continue
             sp = f"{base / e['denoise_s']:.2f}×" if base else "—"
+            wb = _transformer_weight_bytes(e, rec)
             md.append(f"| {e['label']}{' (replayed schedule)' if e.get('schedule_replayed') else ''} | "
                       f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
                       f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
                       f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
-                      f"{_transformer_weight_bytes(e, rec) / 2**30:.2f} ({bf16_w / _transformer_weight_bytes(e, rec):.2f}× smaller) | "
+                      f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | "
                       f"{e.get('compute_path', 'torch bf16')} |")
         if rec.get("pipeline_memory"):
             md += ["", "Whole pipeline (text encoder + transformer + VAE decode, 2 steps) peak GiB: " + ", ".join(

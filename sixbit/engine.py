@@ -231,12 +231,13 @@ class SixBitHandle:
             self.modules = [new[n] for n in self.linear_names]
         # weight-only 4-bit storage (route w4a16, never routed by DMPQ): modulation and embedder linears
         self.weight_only_modules: list[SixBitLinear] = []
-        wo_names = []
+        candidates = []
         if cfg.modulation_weights == "nvfp4":
-            wo_names += [f"{bname}.{rel}" for bname, block in blocks
-                         for rel, lin in adapter.block_linears(block, modulation=True) if lin.in_features % 16 == 0]
+            candidates += [(f"{bname}.{rel}", lin) for bname, block in blocks
+                           for rel, lin in adapter.block_linears(block, modulation=True)]
         if cfg.embedder_weights == "nvfp4":
-            wo_names += [n for n, lin in adapter.outer_linears(transformer) if lin.in_features % 16 == 0]
+            candidates += adapter.outer_linears(transformer)
+        wo_names = [n for n, lin in candidates if lin.in_features % 16 == 0]  # NVFP4 needs K in 16-blocks
         if wo_names:
             new, orig = swap_linears(transformer, wo_names, formats_=("nvfp4",), hadamard_block=0,
                                      fp_weights=cfg.fp_weights, int8_route="int8", backend=cfg.backend, k_sigma=None)

@@ -123,11 +123,11 @@ class SixBitLinear(nn.Module):
         route = self.resolve(self.route)
         self.last_route = route
         if route == "fp16":
-            if self._fp is not None:
-                w, b = self._fp.weight, self._fp.bias
-            else:  # stream: copy this layer's original weights for this call (pinned → async on CUDA)
-                w = self._host.weight.to(x.device, non_blocking=True)
-                b = None if self._host.bias is None else self._host.bias.to(x.device, non_blocking=True)
+            # "device": .to() is a no-op; "stream": this layer's original weights are copied for this call
+            # (from pinned memory: asynchronous on CUDA)
+            src = self._fp if self._fp is not None else self._host
+            w = src.weight.to(x.device, non_blocking=True)
+            b = None if src.bias is None else src.bias.to(x.device, non_blocking=True)
             y = F.linear(x, w, b)
             count = fmt.outlier_count(x, self.k_sigma)[0] if self.k_sigma is not None else None
         else:

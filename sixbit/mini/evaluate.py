@@ -29,18 +29,11 @@ import torch
 
 from . import data as D
 from . import judge as J
+from . import load_pipeline
 
 IN_GRAMMAR_SEED = 7
 HELD_OUT_SEED = 11
 TUNE_SEED = 99
-
-
-def load(model: str, device: str = "cpu", dtype=torch.float32):
-    from diffusers import CogVideoXPipeline
-
-    pipe = CogVideoXPipeline.from_pretrained(model, torch_dtype=dtype).to(device)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def generate(pipe, prompts: list[str], seeds: list[int], gen_kwargs: dict, batch: int = 64) -> list[np.ndarray]:
@@ -120,7 +113,7 @@ def main(argv=None):
     if a.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.time()
-    pipe = load(a.model, a.device)
+    pipe = load_pipeline(a.model, a.device)
     seeds = [int(s) for s in a.seeds.split(",")]
     kw = dict(num_frames=NUM_FRAMES, height=SIZE, width=SIZE, num_inference_steps=a.steps,
               guidance_scale=a.guidance, max_sequence_length=MAX_TEXT_LEN)
