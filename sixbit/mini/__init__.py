@@ -28,7 +28,7 @@ DEFAULT_GENERATION: dict = {
     "height": 64,
     "width": 64,
     "num_inference_steps": 20,
-    "guidance_scale": 4.5,
+    "guidance_scale": 3.0,
     "max_sequence_length": 112,
 }
 
@@ -39,13 +39,13 @@ FPS: int = 8
 #: (assets/sixbit-mini/eval.json) each was fully correct — colour, shape, motion, background — on both seeds
 EXAMPLE_PROMPTS: list[str] = [
     "a red circle moving right on a black background",
-    "a green circle moving up-right on a white background",
+    "a yellow square growing on a black background",
+    "a green circle moving up-right and a purple square moving down-left on a blue to black gradient",
     "a white circle shrinking on a gray to red gradient",
-    "a cyan circle moving up-left on a red to gray gradient",
+    "a green triangle bouncing on a blue to red gradient",
     "a cyan triangle growing on a red background",
-    "a blue triangle moving down on a white to gray gradient",
-    "a yellow triangle moving down-left on a red background",
-    "a white triangle shrinking on a blue background",
+    "a blue triangle moving up and a green circle moving left on a black background",
+    "a red square moving down on a gray to white gradient",
 ]
 
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import DEFAULT_GENERATION, load_pipeline
 from . import data as D
 from . import judge as J
-from . import load_pipeline
 
 IN_GRAMMAR_SEED = 7
 HELD_OUT_SEED = 11
@@ -103,7 +103,7 @@ def main(argv=None):
     ap.add_argument("--n-held-out", type=int, default=14)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--guidance", type=float, default=5.0)
+    ap.add_argument("--guidance", type=float, default=DEFAULT_GENERATION["guidance_scale"])
     ap.add_argument("--tune-guidance", default="", help="comma list: choose the scale on the tuning set first")
     ap.add_argument("--tune-prompts", type=int, default=40)
     ap.add_argument("--batch", type=int, default=64)

@@ -15,8 +15,8 @@ Phases (each one resumable):
    caption dropout (the empty prompt, as the pipeline's negative prompt) for classifier-free guidance,
    and an auxiliary loss that asks the pooled text encoding for the caption's attributes (a linear
    head per attribute, discarded after training) so the byte-level encoder learns words quickly. An
-   exponential moving average of both is what gets exported. ``--object-weight w`` (off by default,
-   not used for the committed model) weights the latent cells that objects cover by 1 + w.
+   exponential moving average of both is what gets exported. ``--object-weight w`` (off by default;
+   4 for the committed model) weights the latent cells that objects cover by 1 + w.
 
 Every random draw is seeded from ``--seed`` and the step number, so a run is reproducible from its seed
 and step counts (GPU kernels aside). ``--minutes`` is a wall-clock budget: the VAE phase stops at
@@ -25,7 +25,11 @@ re-running with those step counts (and a large budget) repeats the run.
 
 Outputs under ``--out``: ``ckpt.pt`` (full state: weights, EMA, optimiser, phase, step; written every
 ``--ckpt-every`` seconds, ``--resume`` continues from it), ``pipeline/`` (the exported pipeline, fp16),
-``train_log.json`` (loss curves, timings, settings) and ``loss.png``. ``--tar-to DIR`` also writes the
+``train_log.json`` (loss curves, timings, settings) and ``loss.png``; with ``--pool-cache`` also
+``pool.pt``, the encoded latent pool, which a ``--resume`` of the same configuration loads instead of
+rebuilding it. ``--compile MODE`` trains the denoiser and text encoder under ``torch.compile`` (about 2x
+the step rate on an H200). ``--stop-after N`` ends a run at denoiser step N with the schedule of the full
+``--dit-steps`` (a planned split into several runs; ``--minutes`` splits by time). ``--tar-to DIR`` also writes the
 pipeline folder as a tar split into <=15 MB parts (for size-limited transfers). ``--init-from PIPE``
 warm-starts from an exported pipeline (VAE frozen, denoiser/text encoder and their EMA from its
 weights, fresh optimiser): the way to continue training when only the exported folder was kept.
@@ -136,10 +140,13 @@ class Trainer:
         self.te = M.build_text_encoder().to(self.dev)
         self.tr = M.build_transformer().to(self.dev)
         self.aux = AuxHeads(M.TEXT_CONFIG["d_model"]).to(self.dev)
+        if a.compile != "off":  # in place: state_dict keys and the exported modules stay as they are
+            for mod in (self.tr, self.te):
+                mod.compile(mode=None if a.compile == "default" else a.compile)
         self.tok = M.build_tokenizer()
         self.sched = M.build_scheduler()
         self.pipe = M.assemble(self.vae, self.te, self.tr, self.tok, self.sched)
-        self.state = {"phase": "vae", "vae_step": 0, "dit_step": 0, "scaling_factor": None}
+        self.state = {"phase": "vae", "vae_step": 0, "dit_step": 0, "scaling_factor": None, "wall_before": 0.0}
         self.log = {"args": vars(a), "vae": [], "dit": [], "events": [],
                     "params": {"vae": M.n_params(self.vae), "transformer": M.n_params(self.tr),
                                "text_encoder": M.n_params(self.te)}}
@@ -162,7 +169,12 @@ class Trainer:
         print(line, flush=True)
         self.log["events"].append(line)
 
+    def total_wall(self) -> float:
+        """Seconds of training over this run and the earlier runs it resumed (not warm starts)."""
+        return self.state.get("wall_before", 0.0) + self.elapsed()
+
     def save_ckpt(self):
+        self.state["wall_saved"] = round(self.total_wall(), 1)
         st = {
             "state": self.state, "log": self.log,
             "vae": self.vae.state_dict(), "vae_opt": self.vae_opt.state_dict(),
@@ -177,6 +189,7 @@ class Trainer:
     def load_ckpt(self, path: Path):
         st = torch.load(path, map_location=self.dev, weights_only=False)
         self.state = st["state"]
+        self.state["wall_before"] = self.state.get("wall_saved", 0.0)
         prev = st["log"]
         for k in ("vae", "dit", "events"):
             self.log[k] = prev.get(k, []) + self.log[k]
@@ -291,11 +304,28 @@ class Trainer:
         self.event(f"vae done at step {self.state['vae_step']}")
 
     # -- phase 2: latent pool ---------------------------------------------------------------------
+    def _pool_key(self) -> dict:
+        a = self.a
+        return {"seed": a.seed, "pool": a.pool, "pool_batch": a.pool_batch, "object_weight": a.object_weight > 0,
+                "vae_step": self.state["vae_step"]}
+
     @torch.no_grad()
     def build_pool(self):
         a = self.a
         self.vae.eval()
         self.vae.requires_grad_(False)
+        cache = self.out / "pool.pt"
+        if a.pool_cache and cache.exists():  # a resumed run: the same seeded pool, without re-rendering it
+            c = torch.load(cache, map_location=self.dev, weights_only=False)
+            if c["key"] == self._pool_key():
+                self.pool_mean, self.pool_std, self.pool_ids = c["mean"], c["std"], c["ids"]
+                self.pool_masks, self.pool_labels = c["masks"], c["labels"]
+                self.vae.register_to_config(scaling_factor=self.state["scaling_factor"])
+                self.state["phase"] = "dit"
+                self.log["pool_clips"] = len(self.pool_mean)
+                self.event(f"pool of {len(self.pool_mean)} clips loaded from {cache}")
+                return
+            self.event(f"{cache} is for {c['key']}, not {self._pool_key()}: rebuilding the pool")
         n = a.pool
         means, stds, ids, masks, labels = [], [], [], [], {k: [] for k in _AUX_SIZES}
         chunk = a.pool_batch
@@ -330,6 +360,10 @@ class Trainer:
         self.state["phase"] = "dit"
         self.log["pool_clips"] = len(self.pool_mean)
         self.event(f"pool of {len(self.pool_mean)} clips ready")
+        if a.pool_cache:
+            torch.save({"key": self._pool_key(), "mean": self.pool_mean, "std": self.pool_std, "ids": self.pool_ids,
+                        "masks": self.pool_masks, "labels": self.pool_labels}, cache)
+            self.event(f"pool saved to {cache}")
 
     # -- phase 3: denoiser + text encoder ----------------------------------------------------------
     def train_dit(self):
@@ -348,7 +382,8 @@ class Trainer:
         auto = a.dit_steps <= 0
         total = a.dit_steps if not auto else 10**9
         s_begin = self.state["dit_step"]
-        while self.state["dit_step"] < total and self.elapsed() < stop_at:
+        stop_step = min(total, a.stop_after or total)
+        while self.state["dit_step"] < stop_step and self.elapsed() < stop_at:
             s = self.state["dit_step"]
             if auto:
                 total = self.auto_steps("dit", s, s_begin, stop_at, total)
@@ -432,7 +467,7 @@ class Trainer:
             "scaling_factor": self.state["scaling_factor"], "pool_clips": self.log.get("pool_clips"),
             "batch": a.batch, "vae_batch": a.vae_batch, "lr": a.lr, "device": str(self.dev),
             "device_name": torch.cuda.get_device_name(self.dev) if self.dev.type == "cuda" else "cpu",
-            "wall_seconds": round(self.elapsed(), 1), "params": self.log["params"],
+            "wall_seconds": round(self.total_wall(), 1), "params": self.log["params"],
             "max_text_len": M.MAX_TEXT_LEN,
             "init_from": self.log.get("init_meta"),  # the run this one continued, if any
         }
@@ -531,6 +566,8 @@ def parse_args(argv=None):
     ap.add_argument("--kl-weight", type=float, default=1e-4)
     ap.add_argument("--pool", type=int, default=131072, help="clips in the latent pool")
     ap.add_argument("--pool-batch", type=int, default=512)
+    ap.add_argument("--pool-cache", action="store_true",
+                    help="save the latent pool as OUT/pool.pt and load it on --resume (GBs on disk)")
     ap.add_argument("--pool-deadline-minutes", type=float, default=3.0)
     ap.add_argument("--dit-steps", type=int, default=0, help="0: as many as fit --minutes (measured)")
     ap.add_argument("--batch", type=int, default=256)
@@ -542,10 +579,15 @@ def parse_args(argv=None):
     ap.add_argument("--aux-weight", type=float, default=0.1)
     ap.add_argument("--object-weight", type=float, default=0.0,
                     help="extra denoiser-loss weight on latent cells covered by objects (0: plain loss)")
+    ap.add_argument("--compile", default="off",
+                    help="torch.compile the denoiser and text encoder for training: off, default, "
+                         "max-autotune-no-cudagraphs, ... (a torch.compile mode)")
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--ckpt-every", type=float, default=120.0, help="seconds between full checkpoints")
     ap.add_argument("--export-every", type=float, default=150.0, help="seconds between pipeline exports (0: end only)")
     ap.add_argument("--tar-to", default=None, help="also write the exported pipeline as tar parts here")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="stop (checkpoint, export) at this denoiser step; the schedule still runs to --dit-steps")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt if present")
     ap.add_argument("--init-from", default=None, help="warm-start from an exported pipeline folder")
     ap.add_argument("--init-vae-train", action="store_true", help="with --init-from: continue training the VAE too")
