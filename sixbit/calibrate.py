@@ -15,6 +15,12 @@ step, Γ_{b,t−1}, exactly what the router will see at inference. Per layer, or
 layers (1 − ΣSS_res/ΣSS_tot) and for one global line over all layers, so "strong linear correlation" is a
 measured number.
 
+PDR's ρ: at the steps where PDR would check a block (``sixbit.pdr.calibration_window`` with the default
+config's warm-up and TDC window), a forward pre-hook on every block measures the outlier ratio of its
+input streams (elements beyond k_σ · token RMS, k_σ from the default config); the policy stores the 95th
+percentile (``sixbit.pdr.POLICY_RHO_QUANTILE``) as ``pdr.rho``, so PDR fires on about one check in twenty
+of this model's inputs. The inputs here are those of the full-precision run.
+
 τ: with E_hat the fitted predictions over the calibration samples, a fraction f of INT8 decisions gives
 4.5·(1−f) + 8·f average activation bits; τ(bits) is the (1−f)-quantile of E_hat. The policy stores τ for
 ``--target-bits`` and a τ-for-bits table (4.5 … 8.0) so the config can move the target without
@@ -35,6 +41,7 @@ from typing import Any
 
 import torch
 
+from sixbit import pdr as pdr_rule
 from sixbit.config import SixBitConfig
 from sixbit.formats import relative_error
 from sixbit.linear import ops
@@ -139,6 +146,18 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
 
     for j, m in enumerate(handle.modules):
         m.observer = observer(j)
+    pdr_cfg = SixBitConfig()  # PDR's default window and k_σ: where and how the engine will measure
+    ratios: list[float] = []
+
+    def block_observer(module, args, kwargs):
+        cur = handle.current
+        if cur is None or not pdr_rule.calibration_window(cur[1], steps, pdr_cfg):
+            return
+        c, tot = pdr_rule.outlier_sums(handle.adapter.streams_in(module, args, kwargs), pdr_cfg.pdr_k_sigma).tolist()
+        ratios.append(c / tot if tot else 0.0)
+
+    pre_hooks = [blk.register_forward_pre_hook(block_observer, with_kwargs=True)
+                 for _, blk in handle.adapter.blocks(handle.transformer)]
     xs: list[list[float]] = [[] for _ in names]
     ys: list[list[float]] = [[] for _ in names]
     e8s: list[list[float]] = [[] for _ in names]
@@ -164,6 +183,8 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
             if log:
                 log(f"prompt {run_id + 1}/{len(prompts)} done ({time.perf_counter() - t_start:.1f}s): {prompt!r}")
     finally:
+        for h in pre_hooks:
+            h.remove()
         handle.remove()
 
     fits, layers = {}, []
@@ -187,6 +208,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
     tau_table = {bits: _quantile(preds, 1.0 - bits_to_int8_fraction(bits)) for bits in BITS_GRID}
     tau = _quantile(preds, 1.0 - bits_to_int8_fraction(target_bits))
     frac = sum(p > tau for p in preds) / len(preds)
+    rho = _quantile(ratios, pdr_rule.POLICY_RHO_QUANTILE) if ratios else None
     meta = {
         "prompts": prompts, "steps": steps, "seed": seed, "negative_prompt": negative_prompt,
         "call_kwargs": {k: v for k, v in call.items() if isinstance(v, (int, float, str, bool))},
@@ -195,12 +217,16 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
         "int8_fraction_at_tau": frac, "avg_act_bits_at_tau": 4.5 * (1 - frac) + 8.0 * frac,
         "r2_global_line": r2_global, "torch": torch.__version__,
         "transformer_sha256": fingerprint,
+        "pdr_ratio_quantiles": {f"{q:g}": _quantile(ratios, q) for q in (0.05, 0.5, 0.95, 0.99)} if ratios else None,
     }
     policy = Policy(linears=fits, tau=tau, model=model_name or str(getattr(pipe, "name_or_path", "") or ""),
                     target_bits=target_bits, tau_table=tau_table, hadamard_block=hadamard_block,
-                    r2_overall=r2_pooled, meta=meta)
+                    r2_overall=r2_pooled, meta=meta, pdr_rho=rho,
+                    pdr_k_sigma=pdr_cfg.pdr_k_sigma if rho is not None else None,
+                    pdr_quantile=pdr_rule.POLICY_RHO_QUANTILE if rho is not None else None, pdr_n=len(ratios))
     report = {"model": policy.model, "layers": layers, "r2_overall": r2_pooled, "r2_global_line": r2_global, "tau": tau,
-              "target_bits": target_bits, "tau_table": tau_table, **meta}
+              "target_bits": target_bits, "tau_table": tau_table, "pdr_rho": rho, "pdr_n": len(ratios),
+              "pdr_k_sigma": pdr_cfg.pdr_k_sigma, **meta}
     return policy, report
 
 
@@ -223,6 +249,13 @@ def report_markdown(report: dict[str, Any], command: str | None = None) -> str:
         f"- τ = {f(report['tau'], 5)} for a target of {report['target_bits']} average activation bits "
         f"(INT8 fraction on the calibration samples: {report['int8_fraction_at_tau']:.3f})",
     ]
+    if report.get("pdr_rho") is not None:
+        qs = report.get("pdr_ratio_quantiles") or {}
+        lines.append(
+            f"- PDR ρ = {report['pdr_rho']:.3e}: 95th percentile of {report['pdr_n']} block-input outlier ratios "
+            f"(k_σ = {report['pdr_k_sigma']:g}; 5 / 50 / 99 %: "
+            + " / ".join(f"{qs.get(k, float('nan')):.2e}" for k in ("0.05", "0.5", "0.99")) + ")"
+        )
     if command:
         lines += [f"- command: `{command}`"]
     lines += ["", "| layer | α | β | R² | n | mean E (NVFP4) | mean E (INT8) | Γ range |", "|---|---|---|---|---|---|---|---|"]

@@ -161,10 +161,11 @@ class SixBitConfig:
         "outlier ratio exceeds ρ, run that block's layers with full-precision activations.",
         label="Purified Delta Refresh",
     )
-    pdr_rho: float = _f(
-        3.6e-3,
-        "ρ: outlier-ratio threshold of PDR (fraction of input elements beyond k_σ · token RMS). The default "
-        "is the 95th percentile of sixbit-mini's block-input ratio (benchmarks/results/engine_defaults.md).",
+    pdr_rho: float | None = _f(
+        None,
+        "ρ: outlier-ratio threshold of PDR (fraction of input elements beyond k_σ · token RMS). Empty = the "
+        "calibrated policy's ρ (the 95th percentile of the model's block-input ratio, measured by "
+        "`python -m sixbit.calibrate`), or 3.6e-3 without one.",
         min=0.0, max=1.0,
         label="PDR ρ (outlier ratio)",
     )

@@ -217,6 +217,10 @@ class SixBitHandle:
                             for idx in self.block_linear_idx]
         else:
             self.routers = None
+        self.pdr_rho, self.pdr_rho_source = pdr_rule.resolve_rho(cfg, policy)
+        if cfg.pdr and cfg.quant == "dmpq" and cfg.tdc and self.pdr_rho_source == "fallback" and policy.calibrated:
+            self.warnings.append(f"the policy has no PDR ρ for k_σ = {cfg.pdr_k_sigma}: using {self.pdr_rho:g}; "
+                                 "re-run `python -m sixbit.calibrate` to measure it for this model")
 
         # swap the layers
         self.modules: list[SixBitLinear] = []
@@ -279,6 +283,7 @@ class SixBitHandle:
             device = torch.device("cpu")
         self._device = device
         config = {**self.cfg.to_dict(), "policy_resolved": self.policy.describe(), "tau_resolved": self.tau,
+                  "pdr_rho_resolved": self.pdr_rho, "pdr_rho_source": self.pdr_rho_source,
                   "family": self.adapter.family, "cfg_batching": self.adapter.cfg,
                   "schedule": None if self.schedule is None else self.schedule.source}
         return Trace(
@@ -416,7 +421,7 @@ class SixBitHandle:
             if pdr_rule.applies(cfg, i, cur.num_steps, next_skip):
                 c, tot = self._read(list(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma)))
                 oratio = c / tot if tot else 0.0
-                if pdr_rule.purify(oratio, cfg):
+                if pdr_rule.purify(oratio, self.pdr_rho):
                     fired, mode, routes = True, "pdr", ["fp16"] * n
             if mode is None:
                 if bs.gamma is None or (bs.skipped_last and cfg.after_skip == "int8"):

@@ -15,6 +15,12 @@ quantization on, past warm-up, and the next step is one at which the block may s
 (``tdc_first ≤ t+1 < num_steps − tdc_last``). Under a replayed skip schedule the rule is exact: PDR
 applies when the schedule skips the block at the next step.
 
+ρ is a property of the model: where the config leaves ``pdr_rho`` empty (the default), the engine takes
+the calibrated policy's ρ — ``python -m sixbit.calibrate`` measures the block-input outlier ratio at the
+steps where PDR would check it and stores its 95th percentile (``POLICY_RHO_QUANTILE``), so PDR fires on
+about one check in twenty — and ``FALLBACK_RHO`` when the policy has none (or was measured at another
+k_σ). :func:`resolve_rho` is that rule.
+
 The counts are additive tensors (count, total), all-reducible under context parallelism before the one
 host read the decision needs. The companion rule — the first computed step after a skip has no fresh Γ
 and runs INT8 — lives with the router in ``sixbit.engine``.
@@ -26,7 +32,12 @@ import torch
 
 from sixbit.formats import outlier_count
 
-__all__ = ["applies", "outlier_sums", "purify"]
+__all__ = ["applies", "outlier_sums", "purify", "resolve_rho", "FALLBACK_RHO", "POLICY_RHO_QUANTILE"]
+
+#: ρ when neither the config nor the policy gives one (the 95th percentile on an earlier sixbit-mini)
+FALLBACK_RHO = 3.6e-3
+#: the quantile of calibration outlier ratios that a calibrated policy stores as its ρ
+POLICY_RHO_QUANTILE = 0.95
 
 
 def applies(cfg, step: int, num_steps: int | None, next_skip: bool | None = None) -> bool:
@@ -48,5 +59,22 @@ def outlier_sums(streams: list[torch.Tensor], k_sigma: float) -> torch.Tensor:
     return torch.stack([count.to(torch.float64), torch.tensor(float(total), dtype=torch.float64, device=count.device)])
 
 
-def purify(ratio: float, cfg) -> bool:
-    return ratio > cfg.pdr_rho
+def calibration_window(step: int, num_steps: int, cfg) -> bool:
+    """The steps at which :func:`applies` may check a block in a run with ``cfg``'s TDC window (what
+    calibration samples ρ from)."""
+    return step >= cfg.warmup_steps and cfg.tdc_first <= step + 1 < num_steps - cfg.tdc_last
+
+
+def resolve_rho(cfg, policy) -> tuple[float, str]:
+    """(ρ, where it came from): the config's ``pdr_rho`` if set, else the calibrated policy's (when it was
+    measured at the config's k_σ), else :data:`FALLBACK_RHO`."""
+    if cfg.pdr_rho is not None:
+        return float(cfg.pdr_rho), "config"
+    rho = getattr(policy, "pdr_rho", None)
+    if rho is not None and getattr(policy, "pdr_k_sigma", None) == cfg.pdr_k_sigma:
+        return float(rho), "policy"
+    return FALLBACK_RHO, "fallback"
+
+
+def purify(ratio: float, rho: float) -> bool:
+    return ratio > rho

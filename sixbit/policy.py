@@ -11,11 +11,14 @@ File format (``format: "sixbit-policy"``, ``version: 1``)::
       "tau_table": {"4.5": 0.12, "5.0": ..., "8.0": 0.0},   # τ for other bit targets
       "r2_overall": 0.83,
       "linears": {"transformer_blocks.0.attn1.to_q": {"alpha": 0.21, "beta": 0.05, "r2": 0.9, "n": 38}, ...},
+      "pdr": {"rho": 0.0036, "k_sigma": 8.0, "quantile": 0.95, "n": 1440},   # optional: PDR's ρ for this model
       "meta": {...}                              # free-form: prompts, steps, seed, command line
     }
 
 Predicted relative error of a layer's NVFP4 route: ``E = alpha · Γ + beta``; the layer goes INT8 when
-``E > tau``. Loading validates every field and raises :class:`PolicyError` naming the first bad one
+``E > tau``. ``pdr`` (optional; files without it still load) is the block-input outlier ratio's
+``quantile`` over ``n`` calibration checks at ``k_sigma``: the ρ that ``sixbit.pdr.resolve_rho`` uses
+when the config leaves ``pdr_rho`` empty. Loading validates every field and raises :class:`PolicyError` naming the first bad one
 (``linears['transformer_blocks.3.ff.net.2'].alpha: expected a finite number, got 'x'``).
 """
 
@@ -71,6 +74,10 @@ class Policy:
     r2_overall: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     calibrated: bool = True
+    pdr_rho: float | None = None
+    pdr_k_sigma: float | None = None
+    pdr_quantile: float | None = None
+    pdr_n: int = 0
 
     # -------------------------------------------------------------------------------------- decisions
     def fit(self, name: str) -> LinearFit:
@@ -119,6 +126,8 @@ class Policy:
             "linears": {
                 k: {"alpha": v.alpha, "beta": v.beta, "r2": v.r2, "n": v.n} for k, v in self.linears.items()
             },
+            **({"pdr": {"rho": self.pdr_rho, "k_sigma": self.pdr_k_sigma, "quantile": self.pdr_quantile,
+                        "n": self.pdr_n}} if self.pdr_rho is not None else {}),
             "meta": self.meta,
         }
 
@@ -192,6 +201,14 @@ class Policy:
         model = d.get("model", "")
         if not isinstance(model, str):
             raise PolicyError(f"model: expected a string, got {_show(model)}")
+        pdr = d.get("pdr")
+        if pdr is not None and not isinstance(pdr, dict):
+            raise PolicyError(f"pdr: expected an object with rho and k_sigma, got {_show(pdr)}")
+        pdr = pdr or {}
+        rho = None if not pdr else _number(pdr.get("rho"), "pdr.rho")
+        if rho is not None and not 0.0 <= rho <= 1.0:
+            raise PolicyError(f"pdr.rho: expected a fraction in [0, 1], got {_show(rho)}")
+        q = pdr.get("quantile")
         return cls(
             linears=linears,
             tau=_number(d.get("tau"), "tau"),
@@ -202,6 +219,10 @@ class Policy:
             gamma_stream=gs,
             r2_overall=None if r2o is None else _number(r2o, "r2_overall"),
             meta=meta,
+            pdr_rho=rho,
+            pdr_k_sigma=None if not pdr else _number(pdr.get("k_sigma"), "pdr.k_sigma"),
+            pdr_quantile=None if q is None else _number(q, "pdr.quantile"),
+            pdr_n=_int(pdr.get("n", 0), "pdr.n", minimum=0),
         )
 
     def describe(self) -> str:

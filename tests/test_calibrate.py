@@ -45,6 +45,12 @@ def test_calibrate_writes_a_policy_that_loads_back_and_drives_routing(tmp_path):
     taus = [policy.tau_table[b] for b in sorted(policy.tau_table)]
     assert taus == sorted(taus, reverse=True) and policy.tau == pytest.approx(policy.tau_for_bits(6.0))
 
+    # PDR's ρ: the 95th percentile of the block-input outlier ratios at the steps PDR checks with the default
+    # config (t >= 1 and tdc_first <= t+1 < steps - tdc_last: t = 1, 2), 3 blocks x 2 prompts
+    assert policy.pdr_n == 2 * 3 * 2 and policy.pdr_k_sigma == SixBitConfig().pdr_k_sigma
+    assert policy.pdr_rho == report["pdr_ratio_quantiles"]["0.95"] and 0.0 <= policy.pdr_rho <= 1.0
+    assert report["pdr_ratio_quantiles"]["0.05"] <= policy.pdr_rho <= report["pdr_ratio_quantiles"]["0.99"]
+
     path = policy.save(tmp_path / "policy.json")
     loaded = Policy.load(path)
     assert loaded.to_dict() == json.loads(path.read_text())
@@ -73,7 +79,7 @@ def test_calibrate_cli(tmp_path, capsys, monkeypatch):
     pol = Policy.load(out)
     assert len(pol.linears) == 12 and pol.target_bits == 5.5 and "sixbit.calibrate" in pol.meta["command"]
     md = out.with_suffix(".md").read_text()
-    assert "R² pooled within layers" in md and "transformer_blocks.1.ff.net.2" in md
+    assert "R² pooled within layers" in md and "transformer_blocks.1.ff.net.2" in md and "PDR ρ =" in md
     assert "wrote" in capsys.readouterr().out
     assert pol.meta["transformer_sha256"] == transformer_fingerprint(folder)
     # weights that change while calibrating: refused, nothing written

@@ -195,3 +195,49 @@ def test_after_skip_route_can_use_the_last_measured_gamma():
     modes = {b["mode"] for s in d["steps"][1:] for b in s["blocks"]}
     assert modes == {"dmpq", "skip"}
     assert d["summary"]["route_counts"]["int8"] == 0 and d["summary"]["route_counts"]["skipped"] > 0
+
+
+def test_pdr_rho_comes_from_the_config_else_the_policy_else_the_fallback(tmp_path):
+    from sixbit.policy import LinearFit, Policy
+
+    names = [f"transformer_blocks.{b}.{n}" for b in range(3)
+             for n in ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.0.proj", "ff.net.2")]
+
+    def policy(rho, k_sigma=4.0):
+        return Policy(linears={n: LinearFit(1.0, 0.0) for n in names}, tau=0.5, target_bits=None,
+                      pdr_rho=rho, pdr_k_sigma=None if rho is None else k_sigma, pdr_quantile=0.95, pdr_n=10)
+
+    base = dict(pdr_k_sigma=4.0, **{**FORCE, "tdc_threshold": 0.0})
+
+    def run(pol, **kw):
+        pipe = tiny_cogvideox_pipeline(seed=0)
+        calls = {"n": 0}
+
+        def inject(mod, args, kwargs):  # outliers in the last block's input from step 2 on (PDR fires there)
+            calls["n"] += 1
+            if calls["n"] >= 3:
+                h = kwargs["hidden_states"].clone()
+                h[:, ::3, 5] = 1000.0
+                kwargs["hidden_states"] = h
+            return args, kwargs
+
+        pipe.transformer.transformer_blocks[2].register_forward_pre_hook(inject, with_kwargs=True)
+        handle = sixbit.apply(pipe, SixBitConfig.preset("full", **base, **kw), policy=pol)
+        generate(pipe)
+        d = handle.trace.to_dict()
+        handle.remove()
+        return d, handle.warnings
+
+    d_pol, w = run(policy(1e-3))  # config empty: the policy's ρ
+    assert (d_pol["config"]["pdr_rho_resolved"], d_pol["config"]["pdr_rho_source"]) == (1e-3, "policy") and not w
+    d_cfg, _ = run(policy(0.9), pdr_rho=1e-3)  # the config's ρ wins over the policy's
+    assert d_cfg["config"]["pdr_rho_source"] == "config"
+    fired = [[b["pdr"] for b in s["blocks"]] for s in d_pol["steps"]]
+    assert fired == [[b["pdr"] for b in s["blocks"]] for s in d_cfg["steps"]] and any(map(any, fired))
+    d_hi, _ = run(policy(0.9))  # a ρ above every ratio: never fires
+    assert d_hi["summary"]["pdr_count"] == 0
+    # no ρ in the policy, or one measured at another k_σ: the fallback, with a warning
+    for pol in (policy(None), policy(1e-3, k_sigma=8.0)):
+        d, w = run(pol)
+        assert (d["config"]["pdr_rho_resolved"], d["config"]["pdr_rho_source"]) == (pdr_rule.FALLBACK_RHO, "fallback")
+        assert any("no PDR ρ" in x for x in w)

@@ -241,6 +241,19 @@ def test_outlier_ratio_definition():
     assert F.outlier_ratio(x, k_sigma=0.5).item() == pytest.approx(301 / 400)
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 100, 10_000])
+def test_outlier_count_in_row_chunks_equals_the_whole(monkeypatch, chunk):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 37, 64, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    x[0, ::5, 3] = 40.0
+    xf = x.float().reshape(-1, 64)
+    whole = int((xf.abs() > 4.0 * xf.pow(2).mean(-1, keepdim=True).sqrt()).sum())
+    monkeypatch.setattr(F, "OUTLIER_CHUNK_ELEMS", chunk)  # rows per chunk: max(1, chunk // 64)
+    count, n = F.outlier_count(x, 4.0)
+    assert int(count) == whole > 0 and n == x.numel() and count.dtype == torch.int64
+    assert int(F.outlier_count(x[:0], 4.0)[0]) == 0
+
+
 def test_relative_error():
     y = torch.tensor([3.0, 4.0])
     assert F.relative_error(y, y) == 0

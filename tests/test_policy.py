@@ -21,7 +21,7 @@ def _policy() -> Policy:
         linears={"transformer_blocks.0.attn1.to_q": LinearFit(0.5, 0.01, 0.9, 12),
                  "transformer_blocks.0.ff.net.2": LinearFit(-0.25, 0.2, None, 12)},
         tau=0.05, model="tiny", target_bits=6.0, tau_table={4.5: 0.3, 6.0: 0.05, 8.0: 0.0}, hadamard_block=64,
-        r2_overall=0.7, meta={"steps": 4},
+        r2_overall=0.7, meta={"steps": 4}, pdr_rho=2.5e-3, pdr_k_sigma=8.0, pdr_quantile=0.95, pdr_n=40,
     )
 
 
@@ -34,6 +34,12 @@ def test_policy_round_trip(tmp_path):
     assert q.tau_for_bits(6.0) == pytest.approx(0.05)
     assert q.tau_for_bits(7.0) == pytest.approx(0.025)  # linear between the table points
     assert q.tau_for_bits(4.0) == 0.3 and q.tau_for_bits(9.0) == 0.0
+    assert (q.pdr_rho, q.pdr_k_sigma, q.pdr_quantile, q.pdr_n) == (2.5e-3, 8.0, 0.95, 40)
+    # a policy without PDR data (older files) still loads, and writes none
+    d = p.to_dict()
+    d.pop("pdr")
+    old = Policy.from_dict(d)
+    assert old.pdr_rho is None and "pdr" not in old.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -55,6 +61,9 @@ def test_policy_round_trip(tmp_path):
         (lambda d: d.update(hadamard_block=1.5), "hadamard_block: expected an integer"),
         (lambda d: d.update(gamma_stream="text"), "gamma_stream: only 'hidden'"),
         (lambda d: d.update(meta=[]), "meta: expected an object"),
+        (lambda d: d.update(pdr=0.1), "pdr: expected an object"),
+        (lambda d: d["pdr"].update(rho=2.0), r"pdr.rho: expected a fraction in \[0, 1\], got 2.0"),
+        (lambda d: d["pdr"].pop("k_sigma"), "pdr.k_sigma: expected a finite number, got None"),
     ],
 )
 def test_corrupt_policy_gives_a_clear_error(tmp_path, mutate, message):
@@ -150,4 +159,5 @@ def test_shipped_sixbit_mini_policy_loads_and_matches_the_model():
     assert pol.meta["transformer_sha256"] == transformer_fingerprint(MINI_PATH), (
         "assets/policies/sixbit-mini.json was calibrated on other weights: re-run the command in its meta")
     assert pol.linears and pol.target_bits == 6.0
+    assert pol.pdr_rho is not None and pol.pdr_k_sigma == SixBitConfig().pdr_k_sigma  # ρ measured for this model
     assert path.with_suffix(".md").exists()
