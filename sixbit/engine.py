@@ -355,6 +355,11 @@ class SixBitHandle:
             self.trace.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self._device))
         self.trace.add_time(cur.step, time.perf_counter() - cur.t0)
         self.trace.extra["schedule_overrides"] = self.schedule_overrides
+        if cur.num_steps is not None and cur.step >= cur.num_steps - 1:
+            # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
+            # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)
+            for h in self._block_hooks:
+                h.state_manager.get_state().delta = None
         self._cur = None
         if self._own_context:
             for m in self._managers():

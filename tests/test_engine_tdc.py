@@ -241,3 +241,23 @@ def test_pdr_rho_comes_from_the_config_else_the_policy_else_the_fallback(tmp_pat
         d, w = run(pol)
         assert (d["config"]["pdr_rho_resolved"], d["config"]["pdr_rho_source"]) == (pdr_rule.FALLBACK_RHO, "fallback")
         assert any("no PDR ρ" in x for x in w)
+
+
+def test_cached_deltas_are_freed_after_the_last_step():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    ref_handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **FORCE))
+    ref = generate(pipe)
+    ref_handle.remove()
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **FORCE))
+    held = []
+
+    def watch(mod, args, output):  # after every transformer call: how many blocks hold a cached delta
+        held.append(sum(st.delta is not None for h in handle._block_hooks
+                        for st in h.state_manager._state_cache.values()))
+
+    pipe.transformer.register_forward_hook(watch)
+    out = generate(pipe)
+    assert torch.equal(out, ref)  # freeing after the last step changes nothing
+    assert held[:-1] and all(n == 3 for n in held[:-1])  # every block caches its delta during the run
+    assert held[-1] == 0  # and none is kept after the last step (e.g. through the VAE decode)
+    assert handle.trace.to_dict()["summary"]["skip_fraction"] > 0
