@@ -14,8 +14,10 @@ speed
     (``output_type="latent"``) with per-step times, plus peak memory and the transformer's resident weight
     bytes. Random weights make TDC's own decisions meaningless, so the configurations with TDC replay the
     skip schedule recorded on sixbit-mini (resampled to the model's depth and step count); the tables say
-    so. Whole-pipeline memory (text encoder + transformer + VAE decode) is measured for the baseline and
-    for sixbit with its engineering options (4-bit text-encoder weights, VAE tiling).
+    so. ``--pipeline-memory`` adds whole-pipeline memory (text encoder + transformer + VAE decode) for
+    the baseline and sixbit, each as it comes and with lean loading (text encoder offloaded after encoding,
+    transformer and VAE brought to the device after it, tiled VAE decode), with the peak of each phase
+    (:func:`pipeline_memory`). 4-bit text-encoder weights are not implemented.
 
 Both write ``<out>/<name>.json`` and ``<out>/<name>.md`` naming the device, versions and exact command.
 """
@@ -439,41 +441,131 @@ def handle_blocks(transformer) -> list:
     return get_adapter(transformer).blocks(transformer)
 
 
-def pipeline_memory(pipe, call, device, sched, args) -> dict:
-    """Peak memory of the whole pipeline (text encoder → 2 denoising steps → VAE decode to pixels).
+class PhasePeaks:
+    """Peak allocated device memory per pipeline phase — ``encode`` (until the first transformer call),
+    ``denoise`` (until the VAE decoder's first call) and ``decode`` — with the bytes allocated when each phase
+    began, so a whole-pipeline peak can be traced to the phase (and the resident part) that sets it. Uses
+    forward pre-hooks on the transformer and on ``vae.decoder``; on a CPU device it records the phase order
+    only. ``with PhasePeaks(pipe, device) as pp: pipe(...)``; then ``pp.phases``."""
 
-    ``bf16``: the diffusers pipeline as it comes, everything resident. ``full``: sixbit's full method plus
-    plain engineering: the text encoder goes back to the CPU once the prompt is encoded, the VAE decodes
-    in tiles. Both peaks are taken from the same starting point (all components resident on the device).
-    """
+    def __init__(self, pipe, device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.targets = [(pipe.transformer, "denoise"), (pipe.vae.decoder, "decode")]
+        self.phases: dict[str, dict[str, int | None]] = {}
+        self._hooks: list = []
+        self._phase: str | None = None
+
+    def _mem(self) -> tuple[int | None, int | None]:
+        if not self.cuda:
+            return None, None
+        return int(torch.cuda.memory_allocated(self.device)), int(torch.cuda.max_memory_allocated(self.device))
+
+    def _enter(self, name: str) -> None:
+        if name == self._phase or name in self.phases:
+            return
+        self._close()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._phase = name
+        self.phases[name] = {"start_bytes": self._mem()[0], "peak_bytes": None}
+
+    def _close(self) -> None:
+        if self._phase is not None:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            self.phases[self._phase]["peak_bytes"] = self._mem()[1]
+
+    def __enter__(self) -> PhasePeaks:
+        for mod, name in self.targets:
+            self._hooks.append(mod.register_forward_pre_hook(lambda *_a, _n=name: self._enter(_n)))
+        self._enter("encode")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close()
+        self._phase = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+#: whole-pipeline memory rows: (sixbit config or None for plain diffusers, lean loading)
+PIPELINE_MEMORY_ROWS = {
+    "bf16": (None, False),
+    "full": ("full", False),
+    "bf16_lean": (None, True),
+    "full_lean": ("full", True),
+}
+#: the lean full row also stores modulation and embedder weights in 4 bits
+LEAN_OVERRIDES = dict(modulation_weights="nvfp4", embedder_weights="nvfp4")
+
+
+def pipeline_memory(pipe, call, device, sched, args, rows=tuple(PIPELINE_MEMORY_ROWS), steps: int = 2) -> dict:
+    """Peak memory of the whole pipeline (text encoder → ``steps`` denoising steps → VAE decode to pixels),
+    split by :class:`PhasePeaks` into encode (everything before the first transformer call), denoise and
+    decode.
+
+    * ``bf16``: the diffusers pipeline as it comes, every component resident.
+    * ``full``: sixbit's full method; every component resident at the start, the text encoder goes back to
+      the CPU once the prompt is encoded, the VAE decodes in tiles.
+    * ``bf16_lean`` / ``full_lean``: plain loading engineering, the same for both — only the text encoder is
+      on the device while the prompt is encoded, then it goes to the CPU and the transformer and the VAE
+      come to the device; the VAE decodes in tiles. ``full_lean`` applies sixbit after the move (packing on
+      the device) with 4-bit modulation and embedder weights too. ``full_lean`` against ``bf16_lean`` is
+      what the method itself saves over the whole pipeline; against ``bf16``, method plus engineering.
+
+    Every component is back on the device after each row. On a device other than CUDA the rows run (the
+    code path) but record no bytes."""
     import sixbit
 
-    res = {}
-    if device.type != "cuda":
-        return res
-    steps = 2
-    for name in ("bf16", "full"):
+    res: dict[str, Any] = {}
+    cuda = device.type == "cuda"
+
+    def empty():
+        if cuda:
+            torch.cuda.empty_cache()
+
+    parts = [pipe.text_encoder, pipe.transformer, pipe.vae]
+    for name in rows:
+        preset, lean = PIPELINE_MEMORY_ROWS[name]
         handle = None
         try:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+            for m in parts:
+                m.to(device)
+            if lean:
+                pipe.transformer.to("cpu")
+                pipe.vae.to("cpu")
+            empty()
             t0 = time.perf_counter()
             kw = {k: v for k, v in call.items() if k != "prompt"}
-            if name == "full":
-                pe, npe = pipe.encode_prompt(call["prompt"], negative_prompt="", do_classifier_free_guidance=True,
-                                             max_sequence_length=call.get("max_sequence_length", 226), device=device)
-                pipe.text_encoder.to("cpu")
-                torch.cuda.empty_cache()
-                sch = sched.resample(len(handle_blocks(pipe.transformer)), steps) if sched else None
-                handle = sixbit.apply(pipe, make_config("full"), schedule=sch)
-                pipe.vae.enable_tiling()
-                kw.update(prompt_embeds=pe, negative_prompt_embeds=npe)
-            else:
-                kw.update(prompt=call["prompt"])
-            pipe(**kw, num_inference_steps=steps, output_type="pt")
+            with PhasePeaks(pipe, device) as pp:
+                if preset is None and not lean:
+                    kw.update(prompt=call["prompt"])
+                else:
+                    pe, npe = pipe.encode_prompt(call["prompt"], negative_prompt="", do_classifier_free_guidance=True,
+                                                 max_sequence_length=call.get("max_sequence_length", 226),
+                                                 device=device)
+                    pipe.text_encoder.to("cpu")
+                    empty()
+                    if lean:
+                        pipe.transformer.to(device)
+                    if preset is not None:
+                        sch = sched.resample(len(handle_blocks(pipe.transformer)), steps) if sched else None
+                        handle = sixbit.apply(pipe, make_config(preset, **(LEAN_OVERRIDES if lean else {})),
+                                              schedule=sch)
+                    if lean:
+                        pipe.vae.to(device)
+                    pipe.vae.enable_tiling()
+                    kw.update(prompt_embeds=pe, negative_prompt_embeds=npe)
+                pipe(**kw, num_inference_steps=steps, output_type="pt")
             _sync(device)
-            res[name] = {"peak_bytes": int(torch.cuda.max_memory_allocated(device)),
-                         "seconds": time.perf_counter() - t0}
+            peaks = [p["peak_bytes"] for p in pp.phases.values() if p["peak_bytes"] is not None]
+            res[name] = {"seconds": time.perf_counter() - t0, "phases": pp.phases, "lean": lean,
+                         "config": preset or "bf16"}
+            if peaks:
+                res[name]["peak_bytes"] = max(peaks)
         except Exception as e:
             import traceback
 
@@ -482,7 +574,9 @@ def pipeline_memory(pipe, call, device, sched, args) -> dict:
             if handle is not None:
                 handle.remove()
             pipe.vae.disable_tiling()
-            pipe.text_encoder.to(device)
+            for m in parts:
+                m.to(device)
+            empty()
     return res
 
 
@@ -589,8 +683,13 @@ def _write_speed(results: dict, out: Path, name: str | None) -> None:
                       f"{e.get('compute_path', 'torch bf16')} |")
         if rec.get("pipeline_memory"):
             md += ["", "Whole pipeline (text encoder + transformer + VAE decode, 2 steps) peak GiB: " + ", ".join(
-                f"{k}: {v['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in v else f"{k}: {v.get('error')}"
+                f"{k}: {v['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in v else f"{k}: {v.get('error', 'n/a')}"
                 for k, v in rec["pipeline_memory"].items())]
+            for k, v in rec["pipeline_memory"].items():
+                if v.get("phases"):
+                    md.append(f"- {k}, per phase (GiB allocated at start → peak): " + ", ".join(
+                        f"{ph} {d['start_bytes'] / 2**30:.2f} → {d['peak_bytes'] / 2**30:.2f}"
+                        for ph, d in v["phases"].items() if d.get("start_bytes") is not None and d.get("peak_bytes")))
         md.append("")
     md += [_env_md(env), ""]
     write_results(name or "speed", results, "\n".join(md), out)

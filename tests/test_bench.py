@@ -75,3 +75,52 @@ def test_weights_counts_packed_bytes(out, monkeypatch):
     md = (out / "w.md").read_text()
     assert "4-bit modulation + embedder weights" in md and "parameters GiB" in md
     assert torch.get_default_dtype() == torch.float32  # the bf16 default used while building is restored
+
+
+def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatch, one_thread):
+    from sixbit.testing import generate, tiny_cogvideox_pipeline
+
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    with bench.PhasePeaks(pipe, "cpu") as pp:
+        generate(pipe, output_type="pt")
+    assert list(pp.phases) == ["encode", "denoise", "decode"]  # on a CPU: the order only
+    assert all(v == {"start_bytes": None, "peak_bytes": None} for v in pp.phases.values())
+
+    # the CUDA bookkeeping, with the allocator's counters simulated: each phase's peak is read before the reset
+    state = {"alloc": 100, "peak": 100}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: state["alloc"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: state["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=state["alloc"]))
+    bumps = iter([(150, 900), (400, 700), (120, 5000)])  # (allocated after, transient peak) per phase
+
+    def work(*_a):
+        a, p = next(bumps)
+        state.update(alloc=a, peak=max(state["peak"], p))
+
+    pp = bench.PhasePeaks(pipe, "cuda")
+    with pp:
+        work()                        # encode
+        pp._enter("denoise")
+        work()
+        pp._enter("denoise")          # repeated calls of the same phase change nothing
+        pp._enter("decode")
+        work()
+    assert pp.phases == {"encode": {"start_bytes": 100, "peak_bytes": 900},
+                         "denoise": {"start_bytes": 150, "peak_bytes": 700},
+                         "decode": {"start_bytes": 400, "peak_bytes": 5000}}
+
+
+def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
+    pipe = bench.random_cogvideox("tiny", torch.device("cpu"), torch.float32)
+    call = dict(prompt="a red circle", height=32, width=32, num_frames=9, guidance_scale=6.0, max_sequence_length=16,
+                generator=torch.Generator("cpu").manual_seed(0))
+    res = bench.pipeline_memory(pipe, call, torch.device("cpu"), None, None)
+    assert list(res) == list(bench.PIPELINE_MEMORY_ROWS)
+    for name, row in res.items():
+        assert "error" not in row, (name, row.get("traceback"))
+        assert list(row["phases"]) == ["encode", "denoise", "decode"] and "peak_bytes" not in row  # no bytes on CPU
+        assert row["lean"] == name.endswith("_lean")
+    # every part is back where it was, unwrapped: a plain call works again
+    assert not any(type(m).__name__ == "SixBitLinear" for m in pipe.transformer.modules())
+    pipe(**call, num_inference_steps=1, output_type="latent")
