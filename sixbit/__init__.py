@@ -23,6 +23,7 @@ _EXPORTS = {
     "PolicyError": "sixbit.policy",
     "SkipSchedule": "sixbit.tdc",
     "Trace": "sixbit.trace",
+    "quantize_text_encoder": "sixbit.text_encoder",
 }
 
 __all__ = ["__version__", *_EXPORTS]

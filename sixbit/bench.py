@@ -17,7 +17,7 @@ speed
     so. ``--pipeline-memory`` adds whole-pipeline memory (text encoder + transformer + VAE decode) for
     the baseline and sixbit, each as it comes and with lean loading (text encoder offloaded after encoding,
     transformer and VAE brought to the device after it, tiled VAE decode), with the peak of each phase
-    (:func:`pipeline_memory`). 4-bit text-encoder weights are not implemented.
+    (:func:`pipeline_memory`; the lean sixbit row also stores the text encoder's weights in 4 bits).
 
 Both write ``<out>/<name>.json`` and ``<out>/<name>.md`` naming the device, versions and exact command.
 """
@@ -512,9 +512,11 @@ def pipeline_memory(pipe, call, device, sched, args, rows=tuple(PIPELINE_MEMORY_
       the CPU once the prompt is encoded, the VAE decodes in tiles.
     * ``bf16_lean`` / ``full_lean``: plain loading engineering, the same for both — only the text encoder is
       on the device while the prompt is encoded, then it goes to the CPU and the transformer and the VAE
-      come to the device; the VAE decodes in tiles. ``full_lean`` applies sixbit after the move (packing on
-      the device) with 4-bit modulation and embedder weights too. ``full_lean`` against ``bf16_lean`` is
-      what the method itself saves over the whole pipeline; against ``bf16``, method plus engineering.
+      come to the device; the VAE decodes in tiles. ``full_lean`` also stores the text encoder's weights in
+      4 bits (:func:`sixbit.quantize_text_encoder`, packed on the CPU before the encoder moves) and applies
+      sixbit after the transformer's move (packing on the device) with 4-bit modulation and embedder
+      weights. ``full_lean`` against ``bf16_lean`` is what sixbit saves over the whole pipeline; against
+      ``bf16``, sixbit plus engineering.
 
     Every component is back on the device after each row. On a device other than CUDA the rows run (the
     code path) but record no bytes."""
@@ -530,13 +532,14 @@ def pipeline_memory(pipe, call, device, sched, args, rows=tuple(PIPELINE_MEMORY_
     parts = [pipe.text_encoder, pipe.transformer, pipe.vae]
     for name in rows:
         preset, lean = PIPELINE_MEMORY_ROWS[name]
-        handle = None
+        handle = te_handle = None
         try:
             for m in parts:
-                m.to(device)
+                m.to("cpu" if lean else device)
+            if lean and preset is not None:  # pack the text encoder where it is (CPU), then move it
+                te_handle = sixbit.quantize_text_encoder(pipe)
             if lean:
-                pipe.transformer.to("cpu")
-                pipe.vae.to("cpu")
+                pipe.text_encoder.to(device)
             empty()
             t0 = time.perf_counter()
             kw = {k: v for k, v in call.items() if k != "prompt"}
@@ -563,7 +566,9 @@ def pipeline_memory(pipe, call, device, sched, args, rows=tuple(PIPELINE_MEMORY_
             _sync(device)
             peaks = [p["peak_bytes"] for p in pp.phases.values() if p["peak_bytes"] is not None]
             res[name] = {"seconds": time.perf_counter() - t0, "phases": pp.phases, "lean": lean,
-                         "config": preset or "bf16"}
+                         "config": preset or "bf16", "text_encoder_4bit": te_handle is not None}
+            if te_handle is not None:
+                res[name]["text_encoder_memory"] = te_handle.memory()
             if peaks:
                 res[name]["peak_bytes"] = max(peaks)
         except Exception as e:
@@ -573,6 +578,8 @@ def pipeline_memory(pipe, call, device, sched, args, rows=tuple(PIPELINE_MEMORY_
         finally:
             if handle is not None:
                 handle.remove()
+            if te_handle is not None:
+                te_handle.remove()
             pipe.vae.disable_tiling()
             for m in parts:
                 m.to(device)

@@ -121,6 +121,9 @@ def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
         assert "error" not in row, (name, row.get("traceback"))
         assert list(row["phases"]) == ["encode", "denoise", "decode"] and "peak_bytes" not in row  # no bytes on CPU
         assert row["lean"] == name.endswith("_lean")
+        assert row["text_encoder_4bit"] == (name == "full_lean")
+    te = res["full_lean"]["text_encoder_memory"]
+    assert 0 < te["packed_bytes"] < te["original_bytes"]
     # every part is back where it was, unwrapped: a plain call works again
-    assert not any(type(m).__name__ == "SixBitLinear" for m in pipe.transformer.modules())
+    assert not any(type(m).__name__ == "SixBitLinear" for m in [*pipe.transformer.modules(), *pipe.text_encoder.modules()])
     pipe(**call, num_inference_steps=1, output_type="latent")
