@@ -605,6 +605,10 @@ def weights(args) -> dict:
     }
     for size in args.sizes:
         torch.manual_seed(0)
+        if size == "t5xxl":
+            rows[size] = _text_encoder_weights()
+            _write_weights(rows, args)
+            continue
         prev = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)  # build in bf16: 5B in fp32 would not fit a 24 GB machine
         try:
@@ -635,20 +639,53 @@ def weights(args) -> dict:
     return {"models": rows}
 
 
+T5XXL_CONFIG = dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                    feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False)
+
+
+def _text_encoder_weights() -> dict:
+    """CogVideoX's T5-XXL encoder (random bf16 weights, built on the CPU) under quantize_text_encoder."""
+    from transformers import T5Config, T5EncoderModel
+
+    import sixbit
+
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        te = T5EncoderModel(T5Config(**T5XXL_CONFIG)).eval()
+    finally:
+        torch.set_default_dtype(prev)
+    base = _param_bytes(te)
+    t0 = time.perf_counter()
+    h = sixbit.quantize_text_encoder(te)
+    mem = h.memory()
+    h.remove()
+    resident = mem["packed_bytes"] + mem["other_bytes"] + sum(b.numel() * b.element_size() for b in te.buffers())
+    params_only = mem["packed_bytes"] + mem["other_bytes"]
+    print(f"[weights t5xxl] 4-bit linears: {resident / 2**30:.2f} GiB ({base / resident:.2f}x smaller)", flush=True)
+    return {"model": "T5-XXL text encoder", "params": sum(p.numel() for p in te.parameters()), "bf16_bytes": base,
+            "bf16_param_bytes": sum(p.numel() * p.element_size() for p in te.parameters()),
+            "variants": {"4-bit linear weights (quantize_text_encoder; wo 16-bit)": {
+                "memory": mem, "resident_bytes": resident, "reduction": base / resident, "param_bytes": params_only,
+                "param_reduction": sum(p.numel() * p.element_size() for p in te.parameters()) / params_only,
+                "pack_seconds": time.perf_counter() - t0}}}
+
+
 def _write_weights(rows: dict, args) -> None:
     env = environment("cpu")
-    md = ["# Transformer weight memory at real CogVideoX sizes", "",
-          "Bytes the transformer keeps on the device after `sixbit.apply` (packed weights + the layers left in "
-          "16 bits + buffers), against the bf16 model. Measured by packing a random-weight model on the CPU: "
+    md = ["# Weight memory at real CogVideoX sizes", "",
+          "Bytes a model keeps on the device after `sixbit.apply` (transformers) or `sixbit.quantize_text_encoder` "
+          "(the text encoder): packed weights + the layers left in 16 bits + buffers, against the bf16 model. Measured by packing a random-weight model on the CPU: "
           "the byte count does not depend on the device or the values. *resident* counts parameters and buffers "
           "(CogVideoX-2B has a 68 MB bf16 sin-cos positional table that no weight format changes); "
           "*parameters* counts the weights alone.", "",
           "| model | configuration | resident GiB | × smaller | parameters GiB | × smaller |", "|---|---|---|---|---|---|"]
     for size, r in rows.items():
         bp = r.get("bf16_param_bytes", r["bf16_bytes"])
-        md.append(f"| CogVideoX-{size.upper()} | bf16 | {r['bf16_bytes'] / 2**30:.2f} | 1.00 | {bp / 2**30:.2f} | 1.00 |")
+        model = r.get("model", f"CogVideoX-{size.upper()}")
+        md.append(f"| {model} | bf16 | {r['bf16_bytes'] / 2**30:.2f} | 1.00 | {bp / 2**30:.2f} | 1.00 |")
         for label, e in r["variants"].items():
-            md.append(f"| CogVideoX-{size.upper()} | {label} | {e['resident_bytes'] / 2**30:.2f} | {e['reduction']:.2f} | "
+            md.append(f"| {model} | {label} | {e['resident_bytes'] / 2**30:.2f} | {e['reduction']:.2f} | "
                       f"{e['param_bytes'] / 2**30:.2f} | {e['param_reduction']:.2f} |")
     md += ["", _env_md(env), ""]
     payload = {"benchmark": "weights", "environment": env, "models": rows}
@@ -736,7 +773,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", default=str(RESULTS))
     s.add_argument("--name", default=None)
     w = sub.add_parser("weights", help="transformer weight bytes at real sizes (CPU, random weights)")
-    w.add_argument("--sizes", nargs="+", default=["2b", "5b"], choices=["2b", "5b"])
+    w.add_argument("--sizes", nargs="+", default=["2b", "5b"], choices=["2b", "5b", "t5xxl"],
+                   help="t5xxl: CogVideoX's text encoder (T5-XXL encoder) under sixbit.quantize_text_encoder")
     w.add_argument("--out", default=str(RESULTS))
     w.add_argument("--name", default=None)
     r = sub.add_parser("render", help="re-render the markdown table of a speed JSON file")

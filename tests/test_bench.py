@@ -77,6 +77,18 @@ def test_weights_counts_packed_bytes(out, monkeypatch):
     assert torch.get_default_dtype() == torch.float32  # the bf16 default used while building is restored
 
 
+def test_weights_of_the_text_encoder(out, monkeypatch):
+    monkeypatch.setattr(bench, "T5XXL_CONFIG", dict(vocab_size=64, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                                   num_heads=4, feed_forward_proj="gated-gelu",
+                                                   is_encoder_decoder=False, use_cache=False))
+    bench.main(["weights", "--sizes", "t5xxl", "--out", str(out), "--name", "te"])
+    r = json.loads((out / "te.json").read_text())["models"]["t5xxl"]
+    (e,) = r["variants"].values()
+    assert 1.0 < e["reduction"] < 16 / 4.5 and e["memory"]["packed_bytes"] > 0
+    assert "| T5-XXL text encoder | bf16 |" in (out / "te.md").read_text()
+    assert torch.get_default_dtype() == torch.float32
+
+
 def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatch, one_thread):
     from sixbit.testing import generate, tiny_cogvideox_pipeline
 
