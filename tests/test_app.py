@@ -124,6 +124,10 @@ def test_full_run_streams_diagnostics_and_ends_with_videos_and_metrics(ctrl, pro
     assert "cpu-reference" in out["path_info"] and "CPU reference" in out["path_info"]
     bits = rows["average activation bits"][1]  # shown to 3 significant digits
     assert bits == f"{trace['summary']['avg_act_bits']:.3g}" and float(bits) < 16
+    # PDR firings with the ρ they were judged against and where that ρ came from
+    cfg = trace["config"]
+    assert rows["PDR refreshes"][1] == (f"{trace['summary']['pdr_count']} (ρ {cfg['pdr_rho_resolved']:.2g}, "
+                                         f"from the {cfg['pdr_rho_source']})")
 
 
 def test_rerun_with_new_thresholds_reuses_the_baseline(ctrl, prompt, monkeypatch):

@@ -63,6 +63,15 @@ class ModelInfo:
     device: str
 
 
+def _pdr_text(summary: dict, config: dict) -> str:
+    """PDR firings, with the ρ they were judged against and where it came from (config / policy / fallback)."""
+    text = str(summary.get("pdr_count", "n/a"))
+    rho = config.get("pdr_rho_resolved")
+    if config.get("pdr") and rho is not None:
+        text += f" (ρ {rho:.2g}, from the {config.get('pdr_rho_source', '?')})"
+    return text
+
+
 def _fmt(x, unit: str = "", digits: int = 3) -> str:
     if x is None:
         return "n/a"
@@ -214,7 +223,7 @@ class DemoController:
             ["peak GPU memory (denoising + decode)", _mib(base.peak_mem_bytes), _mib(six.peak_mem_bytes)],
             ["average activation bits", _fmt(base.act_bits), _fmt(summary.get("avg_act_bits", six.act_bits))],
             ["blocks skipped (TDC)", "0%", _fmt(None if skip is None else 100 * skip, "%")],
-            ["PDR refreshes", "0", str(summary.get("pdr_count", "n/a"))],
+            ["PDR refreshes", "0", _pdr_text(summary, trace.get("config") or {})],
             ["linear calls NVFP4 / INT8 / FP16 / skipped", "—",
              " / ".join(str(counts.get(k, 0)) for k in ("nvfp4", "int8", "fp16", "skipped"))],
             ["PSNR vs baseline", "—", _fmt(m["psnr_db"], " dB")],
