@@ -9,6 +9,9 @@ Run it with ``make demo`` (offline, embedded sixbit-mini) or ``python app.py``. 
                              HF_HUB_OFFLINE is unset. Typed local paths are always refused.
     SIXBIT_QUEUE_SIZE        waiting requests beyond the one running (default 8)
     SIXBIT_CACHE_TTL_S       age after which generated files are deleted (default 3600)
+    SIXBIT_TEXT_ENCODER_4BIT "1": store every loaded model's text encoder weights in 4 bits
+                             (sixbit.quantize_text_encoder; T5-XXL 8.87 -> 4.02 GiB) — for GPUs that
+                             cannot hold CogVideoX in 16 bits; baseline and 6Bit runs then share it
     GRADIO_SERVER_NAME/PORT  as usual (Docker/Spaces: 0.0.0.0:7860)
 
 This file is the only part of the app that runs a pipeline (`gpu_job`); ui/ renders and validates.
@@ -80,6 +83,10 @@ def host_has_network(timeout: float = 1.5) -> bool:
         return False
 
 
+def text_encoder_4bit() -> bool:
+    return os.environ.get("SIXBIT_TEXT_ENCODER_4BIT", "0").strip().lower() in ("1", "true", "yes")
+
+
 def allow_hub_models() -> bool:
     v = os.environ.get("SIXBIT_ALLOW_HUB_MODELS", "auto").strip().lower()
     if v in ("1", "true", "yes"):
@@ -105,7 +112,7 @@ class ModelStore:
 
                 for k in [k for k in self._pipes if k != self.default_id]:
                     del self._pipes[k]  # keep one extra model at most
-                pipe = load_pipeline(model_id, device=self.device)
+                pipe = load_pipeline(model_id, device=self.device, text_encoder_4bit=text_encoder_4bit())
                 if not type(pipe).__name__.startswith("CogVideoX"):
                     raise TypeError(f"{type(pipe).__name__} is not a CogVideoX pipeline")
                 pipe.set_progress_bar_config(disable=True)
@@ -129,6 +136,8 @@ class ModelStore:
         dtype = pipe.transformer.dtype
         bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
         name = "sixbit-mini (embedded)" if _is_mini(model_id) else model_id
+        if getattr(pipe, "sixbit_text_encoder", None) is not None:
+            name += " · text encoder in 4-bit weights (both runs)"
         return ModelInfo(model_id=model_id, display_name=name, limits=limits, dtype_bits=bits,
                          device=str(pipe.device))
 

@@ -354,3 +354,20 @@ def test_a_hub_model_that_cannot_be_loaded_is_an_unknown_model(prompt, monkeypat
         assert app.store().default_id in app.store()._pipes
     finally:
         controller.files.cleanup()
+
+
+def test_text_encoder_4bit_setting_packs_the_encoder_and_says_so(monkeypatch, tmp_path):
+    from sixbit.testing import save_and_reload, tiny_cogvideox_pipeline
+
+    folder = tmp_path / "tiny"
+    save_and_reload(tiny_cogvideox_pipeline(seed=0), folder)
+    monkeypatch.setenv("SIXBIT_TEXT_ENCODER_4BIT", "1")
+    st = app.ModelStore(str(folder), device="cpu")
+    pipe = st.pipeline(str(folder))
+    assert pipe.sixbit_text_encoder is not None
+    assert any(type(m).__name__ == "SixBitLinear" for m in pipe.text_encoder.modules())
+    assert "text encoder in 4-bit weights" in st.info(str(folder)).display_name
+    monkeypatch.setenv("SIXBIT_TEXT_ENCODER_4BIT", "0")
+    st = app.ModelStore(str(folder), device="cpu")
+    assert st.pipeline(str(folder)).sixbit_text_encoder is None
+    assert "4-bit" not in st.info(str(folder)).display_name

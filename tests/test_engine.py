@@ -247,6 +247,14 @@ def test_loading_path_save_pretrained_then_load_pipeline(pipe, tmp_path):
     assert h.trace.to_dict()["model"].endswith("tiny")
     with pytest.raises(FileNotFoundError):
         sixbit.load_pipeline(tmp_path / "missing" / "folder")
+    # the text encoder stored in 4 bits at load time: packed layers, a working pipeline, exact remove()
+    te4 = sixbit.load_pipeline(tmp_path / "tiny", device="cpu", text_encoder_4bit=True)
+    assert loaded.sixbit_text_encoder is None and te4.sixbit_text_encoder.modules
+    assert any(type(m).__name__ == "SixBitLinear" for m in te4.text_encoder.modules())
+    out4 = generate(te4)
+    assert out4.shape == ref.shape and not torch.equal(out4, ref)  # other prompt embeddings, other latents
+    te4.sixbit_text_encoder.remove()
+    assert torch.equal(generate(te4), ref)
 
 
 def test_load_pipeline_default_needs_the_embedded_model(monkeypatch):
