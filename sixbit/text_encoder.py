@@ -16,6 +16,10 @@ feed-forward output ``wo`` of T5-family encoders: transformers' T5 feed-forward 
 to decide a cast (it keeps ``wo`` in fp32 for fp16 overflow), and a packed layer has no ``weight``. For
 T5-XXL that leaves 24 % of the parameters 16-bit (the ``wo`` layers and the token embedding): 8.87 →
 4.02 GiB, 2.21× (counted on a meta-device T5-XXL; NVFP4 is 0.5625 bytes per parameter) rather than 3.5×. The originals go to the CPU (for ``remove()``).
+
+Measured cost on sixbit-mini's small T5 (``benchmarks/results/mini_text_encoder_4bit.json``): prompt
+adherence 90.8% in-grammar, 90.5% held-out, against 91.8% / 91.7% with its fp32 encoder. Not measured on
+T5-XXL.
 """
 
 from __future__ import annotations

@@ -70,13 +70,16 @@ def test_default_generation_follows_the_first_example_prompt(default_video):
     assert v.all_correct, v.to_dict()
 
 
-def test_evaluate_cli_end_to_end_at_toy_size(tmp_path):
+@pytest.mark.parametrize("te4", [False, True])
+def test_evaluate_cli_end_to_end_at_toy_size(tmp_path, te4):
     from sixbit.mini import evaluate
 
     out = tmp_path / "eval.json"
     evaluate.main(["--model", MINI_PATH, "--out", str(out), "--device", "cpu", "--n-prompts", "1", "--n-held-out", "1",
-                   "--seeds", "0", "--steps", "2", "--vae-check", "2", "--batch", "2", "--sheet", str(tmp_path / "sheet.png")])
+                   "--seeds", "0", "--steps", "2", "--vae-check", "2", "--batch", "2", "--sheet", str(tmp_path / "sheet.png")]
+                  + (["--text-encoder-4bit"] if te4 else []))
     res = json.loads(out.read_text())
+    assert res["text_encoder_4bit"] is te4
     assert res["generation"]["guidance_scale"] == DEFAULT_GENERATION["guidance_scale"]  # the demo's, by default
     assert res["in_grammar"]["summary"]["n"] == 1 and res["held_out"]["summary"]["n"] == 1
     assert 0.0 <= res["in_grammar"]["summary"]["adherence"] <= 1.0

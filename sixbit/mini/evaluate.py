@@ -109,16 +109,22 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--vae-check", type=int, default=200, help="ground-truth clips for the VAE check (0: skip)")
     ap.add_argument("--sheet", default=None, help="write a PNG contact sheet of in-grammar samples here")
+    ap.add_argument("--text-encoder-4bit", action="store_true",
+                    help="store the text encoder's weights in 4 bits first (sixbit.quantize_text_encoder)")
     a = ap.parse_args(argv)
     if a.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.time()
     pipe = load_pipeline(a.model, a.device)
+    if a.text_encoder_4bit:
+        from sixbit.text_encoder import quantize_text_encoder
+
+        quantize_text_encoder(pipe)
     seeds = [int(s) for s in a.seeds.split(",")]
     kw = dict(num_frames=NUM_FRAMES, height=SIZE, width=SIZE, num_inference_steps=a.steps,
               guidance_scale=a.guidance, max_sequence_length=MAX_TEXT_LEN)
     res: dict = {"command": "python -m sixbit.mini.evaluate " + " ".join(argv or __import__("sys").argv[1:]),
-                 "model": str(a.model), "device": a.device,
+                 "model": str(a.model), "device": a.device, "text_encoder_4bit": a.text_encoder_4bit,
                  "device_name": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"}
     if a.tune_guidance:
         tune_prompts = D.prompt_set(TUNE_SEED, a.tune_prompts, "train")
