@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sixbit.bench import _env_md, environment, write_results  # noqa: E402
+from sixbit.bench import _env_md, _sync, environment, write_results  # noqa: E402
 from sixbit.mini import train as T  # noqa: E402
 
 
@@ -58,18 +58,13 @@ def make_trainer(args, variant: str) -> T.Trainer:
     return tr
 
 
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run_variant(args, variant: str) -> dict:
     tr = make_trainer(args, variant)
     dev = tr.dev
     t0 = time.time()
     tr.a.dit_steps = args.warmup
     tr.train_dit()
-    sync(dev)
+    _sync(dev)
     warm_s = time.time() - t0
     if args.profile and variant == "eager" and dev.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
@@ -77,14 +72,14 @@ def run_variant(args, variant: str) -> dict:
         tr.a.dit_steps = tr.state["dit_step"] + 5
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             tr.train_dit()
-            sync(dev)
+            _sync(dev)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
     s0 = tr.state["dit_step"]
     tr.a.dit_steps = s0 + args.steps
-    sync(dev)
+    _sync(dev)
     t0 = time.time()
     tr.train_dit()
-    sync(dev)
+    _sync(dev)
     dt = time.time() - t0
     mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     row = {

@@ -593,6 +593,7 @@ def weights(args) -> dict:
     from diffusers import CogVideoXTransformer3DModel
 
     import sixbit
+    from sixbit.linear import param_bytes
 
     rows = {}
     variants = {
@@ -618,7 +619,7 @@ def weights(args) -> dict:
         finally:
             torch.set_default_dtype(prev)
         base = _param_bytes(tr)
-        base_params = sum(p.numel() * p.element_size() for p in tr.parameters())
+        base_params = param_bytes(tr)
         rows[size] = {"params": sum(p.numel() for p in tr.parameters()), "bf16_bytes": base,
                       "bf16_param_bytes": base_params, "variants": {}}
         for label, (preset, over) in variants.items():
@@ -648,6 +649,7 @@ def _text_encoder_weights() -> dict:
     from transformers import T5Config, T5EncoderModel
 
     import sixbit
+    from sixbit.linear import param_bytes
 
     prev = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
@@ -660,15 +662,15 @@ def _text_encoder_weights() -> dict:
     h = sixbit.quantize_text_encoder(te)
     mem = h.memory()
     h.remove()
-    resident = mem["packed_bytes"] + mem["other_bytes"] + sum(b.numel() * b.element_size() for b in te.buffers())
     params_only = mem["packed_bytes"] + mem["other_bytes"]
+    resident = params_only + sum(b.numel() * b.element_size() for b in te.buffers())
+    base_params = param_bytes(te)
     print(f"[weights t5xxl] 4-bit linears: {resident / 2**30:.2f} GiB ({base / resident:.2f}x smaller)", flush=True)
     return {"model": "T5-XXL text encoder", "params": sum(p.numel() for p in te.parameters()), "bf16_bytes": base,
-            "bf16_param_bytes": sum(p.numel() * p.element_size() for p in te.parameters()),
+            "bf16_param_bytes": base_params,
             "variants": {"4-bit linear weights (quantize_text_encoder; wo 16-bit)": {
                 "memory": mem, "resident_bytes": resident, "reduction": base / resident, "param_bytes": params_only,
-                "param_reduction": sum(p.numel() * p.element_size() for p in te.parameters()) / params_only,
-                "pack_seconds": time.perf_counter() - t0}}}
+                "param_reduction": base_params / params_only, "pack_seconds": time.perf_counter() - t0}}}
 
 
 def _write_weights(rows: dict, args) -> None:

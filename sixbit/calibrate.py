@@ -15,7 +15,7 @@ step, Γ_{b,t−1}, exactly what the router will see at inference. Per layer, or
 layers (1 − ΣSS_res/ΣSS_tot) and for one global line over all layers, so "strong linear correlation" is a
 measured number.
 
-PDR's ρ: at the steps where PDR would check a block (``sixbit.pdr.calibration_window`` with the default
+PDR's ρ: at the steps where PDR would check a block (``sixbit.pdr.reuse_window`` with the default
 config's warm-up and TDC window), a forward pre-hook on every block measures the outlier ratio of its
 input streams (elements beyond k_σ · token RMS, k_σ from the default config); the policy stores the 95th
 percentile (``sixbit.pdr.POLICY_RHO_QUANTILE``) as ``pdr.rho``, so PDR fires on about one check in twenty
@@ -151,7 +151,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
 
     def block_observer(module, args, kwargs):
         cur = handle.current
-        if cur is None or not pdr_rule.calibration_window(cur[1], steps, pdr_cfg):
+        if cur is None or not pdr_rule.reuse_window(cur[1], steps, pdr_cfg):
             return
         c, tot = pdr_rule.outlier_sums(handle.adapter.streams_in(module, args, kwargs), pdr_cfg.pdr_k_sigma).tolist()
         ratios.append(c / tot if tot else 0.0)

@@ -48,7 +48,16 @@ from sixbit import tdc as tdc_rule
 from sixbit.adapters import Adapter, get_adapter
 from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
 from sixbit.dmpq import Router, l1, ratio
-from sixbit.linear import SixBitLinear, ops, restore_linears, swap_linears
+from sixbit.linear import (
+    SixBitLinear,
+    nvfp4_packable,
+    ops,
+    param_bytes,
+    restore_linears,
+    swap_linears,
+    swap_weight_only,
+    swapped_bytes,
+)
 from sixbit.policy import Policy
 from sixbit.tdc import BlockState, SkipSchedule
 from sixbit.trace import Trace, display_route
@@ -241,14 +250,10 @@ class SixBitHandle:
                            for rel, lin in adapter.block_linears(block, modulation=True)]
         if cfg.embedder_weights == "nvfp4":
             candidates += adapter.outer_linears(transformer)
-        wo_names = [n for n, lin in candidates if lin.in_features % 16 == 0]  # NVFP4 needs K in 16-blocks
-        if wo_names:
-            new, orig = swap_linears(transformer, wo_names, formats_=("nvfp4",), hadamard_block=0,
-                                     fp_weights=cfg.fp_weights, int8_route="int8", backend=cfg.backend, k_sigma=None)
-            for m in new.values():
-                m.route = "w4a16"
-            self.weight_only_modules = [new[n] for n in wo_names]
-            self._originals.update(orig)
+        new, orig = swap_weight_only(transformer, [n for n, lin in candidates if nvfp4_packable(lin)],
+                                     fp_weights=cfg.fp_weights, backend=cfg.backend)
+        self.weight_only_modules = list(new.values())
+        self._originals.update(orig)
 
         # hooks
         self._created_registries: list[nn.Module] = []
@@ -475,10 +480,9 @@ class SixBitHandle:
         ``fp_weights="device"``), ``other_transformer_bytes`` (the transformer's remaining parameters:
         modulation, embedders, norms, proj_out). Transformer weights on the device = packed + fp_on_device
         + other."""
-        packed = sum(int(m.packed.nbytes) for m in self.modules + self.weight_only_modules)
-        orig = sum(p.numel() * p.element_size() for lin, _ in self._originals.values() for p in lin.parameters())
+        packed, orig = swapped_bytes(self.modules + self.weight_only_modules, self._originals)
         on_dev = orig if self.cfg.fp_weights == "device" else 0
-        rest = sum(p.numel() * p.element_size() for p in self.transformer.parameters())
+        rest = param_bytes(self.transformer)
         return {"packed_bytes": packed, "original_bytes": orig, "fp_bytes_on_device": on_dev,
                 "other_transformer_bytes": rest}
 

@@ -27,7 +27,8 @@ from torch import nn
 
 from sixbit import formats as fmt
 
-__all__ = ["SixBitLinear", "swap_linears", "restore_linears", "ops", "effective_hadamard_block", "FP_ROUTES"]
+__all__ = ["SixBitLinear", "swap_linears", "swap_weight_only", "restore_linears", "nvfp4_packable", "param_bytes",
+           "swapped_bytes", "ops", "effective_hadamard_block", "FP_ROUTES"]
 
 #: routes that compute with unquantized activations
 FP_ROUTES = ("fp16", "w4a16")
@@ -194,6 +195,33 @@ def swap_linears(root: nn.Module, names: list[str], *, formats_: tuple[str, ...]
         originals[name] = (lin, device)
         new[name] = mod
     return new, originals
+
+
+def nvfp4_packable(lin: nn.Linear) -> bool:
+    """NVFP4 packs the input dimension in blocks of ``FP4_BLOCK`` (16)."""
+    return lin.in_features % fmt.FP4_BLOCK == 0
+
+
+def swap_weight_only(root: nn.Module, names: list[str], *, fp_weights: str, backend: str):
+    """:func:`swap_linears` to weight-only NVFP4: route ``w4a16`` fixed (16-bit activations × the 4-bit
+    weights, never routed by DMPQ), no Hadamard rotation, no outlier counting. Same return value."""
+    new, originals = swap_linears(root, names, formats_=("nvfp4",), hadamard_block=0, fp_weights=fp_weights,
+                                  int8_route="int8", backend=backend, k_sigma=None)
+    for m in new.values():
+        m.route = "w4a16"
+    return new, originals
+
+
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of ``module``'s parameters."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def swapped_bytes(modules, originals: dict) -> tuple[int, int]:
+    """(packed bytes the SixBitLinears ``modules`` keep, bytes their originals held): ``originals`` as
+    returned by :func:`swap_linears`."""
+    return (sum(int(m.packed.nbytes) for m in modules),
+            sum(param_bytes(lin) for lin, _ in originals.values()))
 
 
 def restore_linears(root: nn.Module, originals: dict) -> None:

@@ -32,7 +32,7 @@ import torch
 
 from sixbit.formats import outlier_count
 
-__all__ = ["applies", "outlier_sums", "purify", "resolve_rho", "FALLBACK_RHO", "POLICY_RHO_QUANTILE"]
+__all__ = ["applies", "outlier_sums", "purify", "resolve_rho", "reuse_window", "FALLBACK_RHO", "POLICY_RHO_QUANTILE"]
 
 #: ρ when neither the config nor the policy gives one (the 95th percentile on an earlier sixbit-mini)
 FALLBACK_RHO = 3.6e-3
@@ -46,9 +46,7 @@ def applies(cfg, step: int, num_steps: int | None, next_skip: bool | None = None
         return False
     if next_skip is not None:  # replayed schedule: known exactly
         return next_skip
-    if step + 1 < cfg.tdc_first:
-        return False
-    return num_steps is None or step + 1 < num_steps - cfg.tdc_last
+    return reuse_window(step, num_steps, cfg)
 
 
 def outlier_sums(streams: list[torch.Tensor], k_sigma: float) -> torch.Tensor:
@@ -59,10 +57,13 @@ def outlier_sums(streams: list[torch.Tensor], k_sigma: float) -> torch.Tensor:
     return torch.stack([count.to(torch.float64), torch.tensor(float(total), dtype=torch.float64, device=count.device)])
 
 
-def calibration_window(step: int, num_steps: int, cfg) -> bool:
-    """The steps at which :func:`applies` may check a block in a run with ``cfg``'s TDC window (what
-    calibration samples ρ from)."""
-    return step >= cfg.warmup_steps and cfg.tdc_first <= step + 1 < num_steps - cfg.tdc_last
+def reuse_window(step: int, num_steps: int | None, cfg) -> bool:
+    """Past warm-up, and the next step is one at which TDC may skip (``tdc_first ≤ t+1 < num_steps −
+    tdc_last``; no upper bound when ``num_steps`` is unknown): where a delta computed at ``step`` may be
+    reused. :func:`applies` uses it without a replayed schedule; calibration samples ρ there."""
+    if step < cfg.warmup_steps or step + 1 < cfg.tdc_first:
+        return False
+    return num_steps is None or step + 1 < num_steps - cfg.tdc_last
 
 
 def resolve_rho(cfg, policy) -> tuple[float, str]:

@@ -26,8 +26,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from sixbit.formats import FP4_BLOCK
-from sixbit.linear import SixBitLinear, restore_linears, swap_linears
+from sixbit.linear import (
+    SixBitLinear,
+    nvfp4_packable,
+    param_bytes,
+    restore_linears,
+    swap_weight_only,
+    swapped_bytes,
+)
 
 __all__ = ["TextEncoderHandle", "quantize_text_encoder", "text_encoder_linears"]
 
@@ -36,7 +42,7 @@ def text_encoder_linears(module: nn.Module) -> list[str]:
     """Names of the linears :func:`quantize_text_encoder` packs (see the module docstring)."""
     t5 = "T5" in type(module).__name__
     return [n for n, m in module.named_modules()
-            if isinstance(m, nn.Linear) and m.in_features % FP4_BLOCK == 0 and not (t5 and n.rpartition(".")[2] == "wo")]
+            if isinstance(m, nn.Linear) and nvfp4_packable(m) and not (t5 and n.rpartition(".")[2] == "wo")]
 
 
 class TextEncoderHandle:
@@ -51,10 +57,8 @@ class TextEncoderHandle:
     def memory(self) -> dict[str, int]:
         """``packed_bytes`` (what the packed layers keep resident), ``original_bytes`` (what they held),
         ``other_bytes`` (the encoder's remaining parameters: embeddings, norms, ``wo``)."""
-        packed = sum(int(m.packed.nbytes) for m in self.modules.values())
-        orig = sum(p.numel() * p.element_size() for lin, _ in self._originals.values() for p in lin.parameters())
-        rest = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        return {"packed_bytes": packed, "original_bytes": orig, "other_bytes": rest}
+        packed, orig = swapped_bytes(self.modules.values(), self._originals)
+        return {"packed_bytes": packed, "original_bytes": orig, "other_bytes": param_bytes(self.module)}
 
     def remove(self) -> None:
         """Put the original layers back (on the device the encoder is on now)."""
@@ -79,9 +83,5 @@ def quantize_text_encoder(pipe_or_module, *, backend: str = "auto") -> TextEncod
         raise TypeError(f"expected a pipeline with a text_encoder or an nn.Module, got {type(pipe_or_module).__name__}")
     if any(isinstance(m, SixBitLinear) for m in module.modules()):
         raise ValueError("this text encoder is already quantized: remove() the earlier handle first")
-    names = text_encoder_linears(module)
-    new, originals = swap_linears(module, names, formats_=("nvfp4",), hadamard_block=0, fp_weights="cpu",
-                                  int8_route="int8", backend=backend, k_sigma=None)
-    for m in new.values():
-        m.route = "w4a16"
+    new, originals = swap_weight_only(module, text_encoder_linears(module), fp_weights="cpu", backend=backend)
     return TextEncoderHandle(module, new, originals)
