@@ -13,7 +13,9 @@ What it measures (``triton.testing.do_bench`` medians after warm-up; do_bench fl
   pre-pass reads x a second time), and the fraction of copy bandwidth;
 * every GEMM at the CogVideoX linear shapes (M = 35,552 = 2 × 17,776 tokens, CFG batched): bf16 cuBLAS
   ``F.linear`` (with bias), W8A8, W4A4 (packed 4-bit activations, and activations carried as exact fp16),
-  W4A8 (INT8 codes in-kernel, and as fp16), W4A16 (bf16 activations, and the rotated fp32 split);
+  W4A8 (INT8 codes in-kernel, and as fp16), W4A16 (bf16 activations, and the rotated fp32 split); the
+  4-bit-weight GEMMs with the weight decoded per K tile and decoded once per call (``decode=``), the
+  decode alone, and cuBLAS on the decoded operands as the ceiling of the decode-once form;
 * quantize + GEMM end to end through ``sixbit_kernels.ops.linear`` for every route, ratio to bf16;
 * a correctness spot check of every GEMM at the full shape (first 256 rows, fp32 output) and the
   weight bytes per parameter.
@@ -61,6 +63,8 @@ TUNE_SHAPES = [("2B", "qkv (fused)", 1920, 5760), ("5B", "ff out", 12288, 3072)]
 TUNE = {
     "w4_dense": (g4.A_DENSE, [(256, 128, 64, 8, 8, 4, True), (256, 128, 128, 8, 8, 2, True),
                               (256, 128, 64, 8, 8, 5, True)]),
+    "w4_decoded_once": (None, [(128, 256, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 3),
+                               (256, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4), (128, 256, 128, 8, 8, 2)]),
     "w8a8": (None, [(128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3), (128, 128, 128, 8, 4, 3),
                     (128, 128, 128, 8, 4, 2)]),
     "rows": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4), (32, 4, 8)]),
@@ -144,6 +148,11 @@ def tune(M, rep, hb, results):
                         fn = lambda x=x, cfg=cfg: hq.quantize_int8_act(x, hb, 8.0, config=cfg)  # noqa: E731
                     elif name == "nvfp4_tiles":
                         fn = lambda x=x, cfg=cfg: hq.quantize_nvfp4_act(x, hb, 8.0, config=cfg)  # noqa: E731
+                    elif name == "w4_decoded_once":
+                        (v, bs, ts), _ = hq.quantize_nvfp4_act(x, hb, dense=True)
+                        a = g4.DenseAct(v, "nvfp4", tensor_scale=ts)
+                        w4 = F.quantize_nvfp4(w)
+                        fn = lambda a=a, w4=w4, b=b, cfg=cfg: g4.gemm_w4(a, w4, b, config=cfg, decode="once")  # noqa: E731
                     elif name == "w8a8":
                         q8, _ = hq.quantize_int8_act(x, hb)
                         w8 = F.quantize_int8(w)
@@ -159,7 +168,7 @@ def tune(M, rep, hb, results):
                             a, _ = hq.quantize_int8_act(x, hb)
                         else:
                             a, _ = hq.rotate_split(x, hb)
-                        fn = lambda a=a, w4=w4, b=b, cfg=cfg: g4.gemm_w4(a, w4, b, config=cfg)  # noqa: E731
+                        fn = lambda a=a, w4=w4, b=b, cfg=cfg: g4.gemm_w4(a, w4, b, config=cfg, decode="tile")  # noqa: E731
                     t = bench(fn, rep)
                     per[f"{K}->{N}"] = t
                     tot += t
@@ -179,6 +188,8 @@ def tune(M, rep, hb, results):
                 hq.CUDA_NVFP4_CONFIG = best
             elif name == "w8a8":
                 g8.CUDA_CONFIG = best
+            elif name == "w4_decoded_once":
+                g4.CUDA_DENSE_W_CONFIG = best
             else:
                 g4.CUDA_CONFIGS[mode] = best
             out[name] = {"best": list(best), "candidates": rows}
@@ -231,6 +242,7 @@ def _quantize_at(M, K, rep, hb, copy_gbs, rows):
          lambda: hq.quantize_nvfp4_act(x, hb, 8.0, dense=True),
          2 * e + 2 * e + e // 16, 2 * e + 2 * e + 2 * e + e // 16),
         ("w4a16 rotate → bf16 [hi|lo]", lambda: hq.rotate_split(x, hb, 8.0), 2 * e + 4 * e, None),
+        ("w4a16 rotate → fp16 scaled per token", lambda: hq.scale16_act(x, hb, 8.0), 2 * e + 2 * e + 4 * M, None),
         ("outlier count only", lambda: hq.outlier_count(x, 8.0), 2 * e, None),
         ("torch eager: per-token int8 (no rotation)", lambda: F.quantize_int8(x, check_finite=False),
          2 * e + e + 4 * M, None),
@@ -276,15 +288,23 @@ def _gemms_at(M, model, layer, K, N, rep, hb, rows, checks):
     d8, _ = hq.quantize_int8_act(x, hb, dense=True)
     da8 = g4.DenseAct(d8.data, "int8", row_scale=d8.scale)
     split, _ = hq.rotate_split(x, hb)
+    s16, _ = hq.scale16_act(x, hb)
+    wdec = g4.decode_weight(w4)
     cases = [
         ("bf16 cuBLAS F.linear", lambda: torch.nn.functional.linear(x, wb, bb), None),
         ("W8A8 int8 GEMM", lambda: g8.gemm_w8a8(q8, w8, b), (q8, w8)),
         ("W4A4 (packed 4-bit A, decoded in-kernel)", lambda: g4.gemm_w4(qa, w4, b), (qa, w4)),
-        ("W4A4 (A as exact fp16)", lambda: g4.gemm_w4(da4, w4, b), (da4, w4)),
+        ("W4A4 (A as exact fp16, W decoded per tile)", lambda: g4.gemm_w4(da4, w4, b, decode="tile"), (da4, w4)),
+        ("W4A4 (A as exact fp16, W decoded once)", lambda: g4.gemm_w4(da4, w4, b, decode="once"), (da4, w4, "once")),
         ("W4A8 (int8 A, converted in-kernel)", lambda: g4.gemm_w4(q8, w4, b), (q8, w4)),
-        ("W4A8 (A codes as fp16)", lambda: g4.gemm_w4(da8, w4, b), (da8, w4)),
-        ("W4A16 (bf16 A)", lambda: g4.gemm_w4(x, w4, b), (x, w4)),
-        ("W4A16 (rotated fp32 A as bf16 hi|lo)", lambda: g4.gemm_w4(split, w4, b), (split, w4)),
+        ("W4A8 (A codes as fp16, W decoded per tile)", lambda: g4.gemm_w4(da8, w4, b, decode="tile"), (da8, w4)),
+        ("W4A8 (A codes as fp16, W decoded once)", lambda: g4.gemm_w4(da8, w4, b, decode="once"), (da8, w4, "once")),
+        ("W4A16 (bf16 A, W decoded per tile)", lambda: g4.gemm_w4(x, w4, b, decode="tile"), (x, w4)),
+        ("W4A16 (bf16 A, W decoded once)", lambda: g4.gemm_w4(x, w4, b, decode="once"), (x, w4, "once")),
+        ("W4A16 (rotated fp32 A as bf16 hi|lo, W decoded once)", lambda: g4.gemm_w4(split, w4, b), (split, w4, "once")),
+        ("W4A16 (rotated A as fp16 scaled per token, W decoded once)", lambda: g4.gemm_w4(s16, w4, b), (s16, w4, "once")),
+        ("  decode_weight alone (packed → fp16 [N, K])", lambda: g4.decode_weight(w4), None),
+        ("  reference: cuBLAS fp16 on the decoded operands (no scales, no bias)", lambda: torch.mm(v, wdec.T), None),
     ]
     t_ref = None
     for name, fn, chk in cases:
@@ -304,7 +324,7 @@ def _gemms_at(M, model, layer, K, N, rep, hb, rows, checks):
 
 
 def _check(name, chk, b, K, N):
-    a, wq = chk
+    a, wq, decode = (*chk, "auto")[:3]
     n = 256
     if isinstance(a, F.NVFP4Tensor):
         a_s = F.NVFP4Tensor(a.data[:n], a.scales[:n], a.tensor_scale, a.orig_dtype)
@@ -322,7 +342,7 @@ def _check(name, chk, b, K, N):
         a_s = a[:n]
         ref_a = a_s.float()
     if isinstance(wq, F.NVFP4Tensor):
-        y = g4.gemm_w4(a_s, wq, b, torch.float32)
+        y = g4.gemm_w4(a_s, wq, b, torch.float32, decode=decode)
     else:
         y = g8.gemm_w8a8(a_s, wq, b, torch.float32)
     ref = ref_a @ wq.dequantize(torch.float32).T + b
@@ -503,6 +523,7 @@ def main():
             log(f"section {name} FAILED:\n{traceback.format_exc()}")
         log(f"section {name} done in {time.time() - t0:.1f} s")
         results["final_configs"] = {"w4": {str(k): list(v) for k, v in g4.CUDA_CONFIGS.items()},
+                                    "w4_decoded_once": list(g4.CUDA_DENSE_W_CONFIG),
                                     "w8a8": list(g8.CUDA_CONFIG), "rows": list(hq.CUDA_ROWS_CONFIG),
                                     "nvfp4_tiles": list(hq.CUDA_NVFP4_CONFIG), "ptx_decode": common.PTX_DECODE}
         save()

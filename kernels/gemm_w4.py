@@ -46,6 +46,7 @@ class DenseAct:
     ``fmt == "nvfp4"``: ``values`` = ``E2M1 * block_scale * 2**-7`` (fp16), real value = ``values * 2**7 *
     tensor_scale``. ``fmt == "int8"``: ``values`` = the INT8 codes as fp16, real value = ``values *
     row_scale``. Bit-for-bit the same numbers as the packed :class:`NVFP4Tensor` / :class:`Int8Tensor`.
+    ``fmt == "fp16"``: unquantized (W4A16) activations scaled per token, real value = ``values * row_scale``.
     """
 
     values: torch.Tensor
@@ -167,6 +168,76 @@ def _gemm_w4_kernel(
     tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
 
 
+@triton.jit
+def _decode_w_kernel(w_ptr, ws_ptr, out_ptr, N, K, SVEC: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, OP: tl.constexpr, PTX: tl.constexpr):
+    """Packed NVFP4 weight ``[N, K]`` → 16-bit ``E2M1 * bs * 2**-7`` (exact), one tile per program."""
+    pid_n = tl.program_id(0)
+    k0 = tl.program_id(1) * BLOCK_K
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kh = tl.arange(0, BLOCK_K // 2)
+    ks = tl.arange(0, BLOCK_K // 16)
+    kb = tl.arange(0, BLOCK_K)
+    KH = K // 2
+    KS = (K // (16 * SVEC)) * SVEC
+    nmask = rn[:, None] < N
+    r64 = rn.to(tl.int64)[:, None]
+    wp = tl.load(w_ptr + r64 * KH + (k0 // 2 + kh)[None, :], mask=nmask & ((k0 // 2 + kh)[None, :] < KH), other=0)
+    wsc = tl.load(ws_ptr + r64 * KS + (k0 // 16 + ks)[None, :], mask=nmask & ((k0 // 16 + ks)[None, :] < KS),
+                  other=0)
+    w = decode_nvfp4(wp, wsc, BLOCK_N, BLOCK_K, OP, PTX)
+    tl.store(out_ptr + r64 * K + (k0 + kb)[None, :], w, mask=nmask & ((k0 + kb)[None, :] < K))
+
+
+@triton.jit
+def _gemm_dense_w_kernel(
+    a_desc, w_desc, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+    M, N, K, KA, stride_om,
+    SPLIT: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """The decode-once GEMM: 16-bit activations × the weight already decoded to 16-bit halves, both read
+    through TMA tensor descriptors (zero-filled out of bounds), plain async wgmma; same epilogue as
+    :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for the ``[hi | lo]``
+    split form (``SPLIT``), whose second half re-reads the weight from column 0."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    gid = pid // group
+    first_m = gid * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % group) % gsize)
+    pid_n = (pid % group) // gsize
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ka in range(0, KA, BLOCK_K):
+        a = a_desc.load([m0, ka])
+        if SPLIT:
+            w = w_desc.load([n0, ka % K])
+        else:
+            w = w_desc.load([n0, ka])
+        acc += dot(a, tl.trans(w), INTERP)
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    alpha = tl.load(wts_ptr) * 128.0
+    if A_TS:
+        alpha = alpha * (tl.load(ats_ptr) * 128.0)
+    acc = acc * alpha
+    if ROW_SCALE:
+        acc = acc * tl.load(rs_ptr + rm)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
+
+
 #: default tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SWAP) per A mode on
 #: CUDA. A_DENSE was picked by ``benchmarks/kernels.py --tune`` on the H200 (benchmarks/results/
 #: kernels_h200.md); the others were not re-tuned after the first run. The interpreter uses small tiles.
@@ -178,6 +249,14 @@ CUDA_CONFIGS = {
     A_INT8: (128, 256, 64, 8, 8, 3, True),
 }
 INTERP_CONFIG = (32, 32, 32, 4, 4, 1, False)
+#: decode-once GEMM (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) on CUDA / in the interpreter
+CUDA_DENSE_W_CONFIG = (256, 128, 64, 8, 8, 4)
+INTERP_DENSE_W_CONFIG = (32, 32, 32, 4, 4, 1)
+#: ``decode="auto"`` decodes the weight once per call (into a transient 16-bit ``[N, K]`` buffer) when the
+#: activation has at least this many rows and is 16-bit (not packed 4-bit / int8 codes): the decode then
+#: costs < 1 % of the GEMM, and the main loop is a plain 16-bit GEMM. Fewer rows: decode per tile.
+DECODE_ONCE_MIN_M = 1024
+DECODE_CONFIG = (64, 128, 4)  # BLOCK_N, BLOCK_K, num_warps of the decode kernel
 
 
 def _lowbit(n: int) -> int:
@@ -197,13 +276,23 @@ def gemm_w4(
     out_dtype: torch.dtype = torch.bfloat16,
     *,
     config: tuple | None = None,
+    decode: str = "auto",
 ) -> torch.Tensor:
     """``A @ dequant(W)^T + bias`` with W packed NVFP4 ``[N, K]``.
 
     ``a`` is one of: :class:`NVFP4Tensor` (W4A4, decoded in-kernel), :class:`Int8Tensor` (W4A8),
     :class:`DenseAct` (W4A4/W4A8 with the activations carried as exact halves), a bf16/fp16 tensor
     (W4A16, unrotated), or a :class:`SplitAct` (W4A16 on fp32-precision activations, e.g. rotated).
+
+    ``decode``: ``"tile"`` decodes each weight tile inside the GEMM's K loop (nothing but the packed weight
+    is ever read); ``"once"`` (16-bit activations only) first decodes the whole weight to a transient
+    16-bit ``[N, K]`` buffer (:func:`decode_weight`, freed when the call returns; only the packed weight
+    stays resident) and runs :func:`_gemm_dense_w_kernel` on it; ``"auto"`` picks ``"once"`` for 16-bit
+    activations with at least :data:`DECODE_ONCE_MIN_M` rows. Same numbers either way (the decoded halves
+    are exact). ``config`` is the tile config of whichever kernel runs.
     """
+    if decode not in ("auto", "tile", "once"):
+        raise ValueError(f"decode must be 'auto', 'tile' or 'once', got {decode!r}")
     wd, ws, wts = _weight_parts(w)
     N, K = wd.shape[0], wd.shape[1] * 2
     a_ts = row_scale = a_sc = None
@@ -247,6 +336,13 @@ def gemm_w4(
     out = torch.empty((M, N), dtype=out_dtype, device=a1.device)
     if M == 0:
         return out
+    dense16 = mode in (A_DENSE, A_SPLIT)
+    if decode == "once" and not dense16:
+        raise ValueError("decode='once' needs 16-bit activations (DenseAct, a bf16/fp16 tensor or a SplitAct)")
+    if decode == "once" and a1.data_ptr() % 16:
+        a1 = a1.clone()  # TMA needs a 16-byte aligned base
+    if decode == "once" or (decode == "auto" and dense16 and M >= DECODE_ONCE_MIN_M and a1.data_ptr() % 16 == 0):
+        return _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp)
     cfg = config or (INTERP_CONFIG if interp else CUDA_CONFIGS[mode])
     bm, bn, bk, gm, nw, ns, swap = cfg
     bk = min(bk, max(16, triton.next_power_of_2(K)))
@@ -263,6 +359,52 @@ def gemm_w4(
         OP=op, SWAP=swap, EVEN_K=(K % bk == 0), SVEC=min(bk // 16, _lowbit(K // 16)),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, PTX=_common.PTX_DECODE and not interp,
         num_warps=nw, num_stages=ns,
+    )
+    return out
+
+
+def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """The packed NVFP4 weight ``[N, K]`` as exact 16-bit ``E2M1 * bs * 2**-7`` (times ``2**7 * tensor_scale``
+    is the weight): the operand of the decode-once GEMM, ``N * K * 2`` bytes, one pass over the packed data."""
+    wd, ws, _ = _weight_parts(w)
+    N, K = wd.shape[0], wd.shape[1] * 2
+    if K % FP4_BLOCK:
+        raise ValueError(f"K={K} must be a multiple of {FP4_BLOCK}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError("decode_weight writes fp16 or bf16")
+    interp = check_launchable(wd)
+    out = torch.empty((N, K), dtype=dtype, device=wd.device)
+    bn, bk, nw = (32, 32, 4) if interp else DECODE_CONFIG
+    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    grid = (triton.cdiv(N, bn), triton.cdiv(K, bk))
+    _decode_w_kernel[grid](
+        wd, ws, out, N, K, SVEC=min(bk // 16, _lowbit(K // 16)), BLOCK_N=bn, BLOCK_K=bk,
+        OP=tl.float16 if dtype == torch.float16 else tl.bfloat16, PTX=_common.PTX_DECODE and not interp,
+        num_warps=nw,
+    )
+    return out
+
+
+def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    wdec = decode_weight(w, torch.bfloat16 if op == tl.bfloat16 else torch.float16)
+    M, N, KA = a1.shape[0], wdec.shape[0], a1.shape[1]
+    K = wdec.shape[1]
+    bm, bn, bk, gm, nw, ns = config or (INTERP_DENSE_W_CONFIG if interp else CUDA_DENSE_W_CONFIG)
+    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    if KA != K:
+        bk = min(bk, _lowbit(K))  # [hi | lo]: a K tile must not straddle the halves
+    a_desc = TensorDescriptor.from_tensor(a1, [bm, bk])
+    w_desc = TensorDescriptor.from_tensor(wdec, [bn, bk])
+    wts = w.tensor_scale.float().reshape(1)
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _gemm_dense_w_kernel[grid](
+        a_desc, w_desc, wts, a_ts if a_ts is not None else wts,
+        row_scale if row_scale is not None else wts, bias if bias is not None else wts, out,
+        M, N, K, KA, out.stride(0),
+        SPLIT=KA != K, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
     )
     return out
 

@@ -11,7 +11,8 @@ rows in registers: per-token amax (INT8 scale) and RMS (outlier threshold) need 
 a second pass re-reads the program's own ``TOK * K`` values, which are still in L2, so DRAM sees one read.
 Modes:
 
-* ``INT8``  → INT8 codes + per-token scale (``formats.quantize_int8`` of the rotated rows).
+* ``INT8``  → INT8 codes + per-token scale (``formats.quantize_int8`` of the rotated rows); without
+  ``ROUND``, the same per-token scaling left unrounded in fp16 (:func:`scale16_act`, the W4A16 operand).
 * ``AMAX``  → the NVFP4 pre-pass: global amax of the rotated tensor (``tl.atomic_max`` on the int32 bit
   pattern of |x|, which orders non-negative floats exactly and makes NaN win over inf, as torch's amax).
 * ``SPLIT`` → the rotated rows as a bf16 pair ``[hi | lo]`` (≈16 significant bits) for the W4A16 GEMM.
@@ -61,7 +62,7 @@ from ._common import (
     rne_int,
     rotate,
 )
-from .gemm_w4 import SplitAct
+from .gemm_w4 import DenseAct, SplitAct
 
 MODE_INT8, MODE_AMAX, MODE_SPLIT, MODE_STATS = 0, 1, 2, 3
 #: rows of the token-resident register tile (TOK * G) used by the interpreter
@@ -79,14 +80,17 @@ def _inv_sqrt(b: int) -> float:
 
 @triton.jit
 def _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r,
-               MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr):
-    """Second half of a step: INT8 codes of the rotated tile ``r`` and the outlier hits of ``x``
-    (``inv_r``, ``thr_r``: per-row copies of the per-token values)."""
+               MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr, ROUND: tl.constexpr):
+    """Second half of a step: INT8 codes of the rotated tile ``r`` (or, without ``ROUND``, the scaled
+    values ``r * 127 / amax`` as fp16) and the outlier hits of ``x`` (``inv_r``, ``thr_r``: per-row copies
+    of the per-token values)."""
     n = 0
     if OUTLIERS:
         hits = tl.abs(x.to(tl.float32)) > thr_r[:, None]
         n = tl.sum(tl.sum(hits.to(tl.int32), axis=1), axis=0)
-    if MODE == 0:
+    if MODE == 0 and not ROUND:
+        tl.store(q_ptr + tok64[:, None] * stride_qm + kk, (r * inv_r[:, None]).to(tl.float16), mask=valid)
+    elif MODE == 0:
         q = rne_int(r * inv_r[:, None])
         q = tl.minimum(tl.maximum(q, -127.0), 127.0)
         q = tl.where(q == q, q, 0.0)  # non-finite rows: codes 0 (their scale is NaN)
@@ -117,7 +121,7 @@ def _tok_expand(v, TOK: tl.constexpr, G: tl.constexpr):
 def _rows_kernel(
     x_ptr, q_ptr, scale_ptr, amax_ptr, count_ptr,
     M, K, stride_xm, stride_qm, k_sigma,
-    MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr,
+    MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr, ROUND: tl.constexpr,
     HB: tl.constexpr, INV_SQRT: tl.constexpr,
     TOK: tl.constexpr, G: tl.constexpr, NSTEP: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
 ):
@@ -183,7 +187,7 @@ def _rows_kernel(
         #      re-read this block's rows, TOK * K values, which are still in L2)
         if MODE == 0 or OUTLIERS:
             if NSTEP == 1:
-                n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS)
+                n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS, ROUND)
             else:
                 for s in tl.static_range(NSTEP):
                     kk = (s * G + g)[:, None] * BK + col[None, :]
@@ -193,7 +197,7 @@ def _rows_kernel(
                         r = rotate(x, h, HB, INV_SQRT, INTERP)
                     else:
                         r = x
-                    n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS)
+                    n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS, ROUND)
     if MODE == 1:
         tl.atomic_max(amax_ptr, gmax)
     if OUTLIERS:
@@ -306,7 +310,7 @@ CUDA_NVFP4_CONFIG = (128, 8, 2)
 
 
 def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, amax=None,
-                 k_sigma=None, dense=False, config=None):
+                 k_sigma=None, dense=False, config=None, round_codes=True):
     rows_tile, nw, waves = config or ((ROWS_TILE, 4, 1) if interp else CUDA_ROWS_CONFIG)
     tok, g, nstep = rows_geometry(nchr, rows_tile)
     if nstep > 8:
@@ -320,7 +324,7 @@ def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, ama
         scale if scale is not None else dummy, amax if amax is not None else dummy,
         count if count is not None else dummy,
         M, K, x.stride(0), stride_q, float(k_sigma) if k_sigma is not None else 0.0,
-        MODE=mode, DENSE=dense, OUTLIERS=k_sigma is not None, HB=hb, INV_SQRT=_inv_sqrt(hb),
+        MODE=mode, DENSE=dense, OUTLIERS=k_sigma is not None, ROUND=round_codes, HB=hb, INV_SQRT=_inv_sqrt(hb),
         TOK=tok, G=g, NSTEP=nstep, BK=bk, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
     )
     return count
@@ -341,6 +345,21 @@ def quantize_int8_act(
     count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=dense,
                          config=config)
     return Int8Tensor(q, scale, x2d.dtype), count
+
+
+def scale16_act(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
+                config: tuple | None = None):
+    """``block_hadamard(x)`` as fp16 values scaled per token into ``[-127, 127]`` (the INT8 pass without the
+    rounding): a :class:`DenseAct` ``"fp16"`` with ``values * row_scale ≈ block_hadamard(x)`` to fp16
+    precision (relative ~2**-12; the per-token scale keeps any magnitude in fp16's range), plus the count.
+    The W4A16 operand for rotated or fp32 activations: one 16-bit GEMM pass instead of the ``[hi | lo]``
+    split's two (see :func:`rotate_split`, kept for fp32-exact work)."""
+    x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
+    q = torch.empty((M, K), dtype=torch.float16, device=x.device)
+    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=True,
+                         config=config, round_codes=False)
+    return DenseAct(q, "fp16", row_scale=scale), count
 
 
 def nvfp4_amax(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
@@ -405,6 +424,7 @@ def outlier_count(x2d: torch.Tensor, k_sigma: float, *, config: tuple | None = N
 __all__ = [
     "quantize_int8_act",
     "quantize_nvfp4_act",
+    "scale16_act",
     "nvfp4_amax",
     "rotate_split",
     "outlier_count",

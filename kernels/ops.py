@@ -43,6 +43,7 @@ Beyond the contract: ``PackedLinear`` also exposes ``w4`` / ``w8`` (the packed t
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +56,7 @@ try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" wor
     from .gemm_w4 import DenseAct, gemm_w4
     from .gemm_w8a8 import gemm_w8a8
     from .hadamard_quant import outlier_count as _outlier_count_kernel
-    from .hadamard_quant import quantize_int8_act, quantize_nvfp4_act, rotate_split
+    from .hadamard_quant import quantize_int8_act, quantize_nvfp4_act, rotate_split, scale16_act
 
     HAVE_TRITON = True
 except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
@@ -64,6 +65,7 @@ except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
 
 __all__ = [
     "PackedLinear",
+    "ActCache",
     "pack_linear",
     "linear",
     "quantize_act",
@@ -75,6 +77,7 @@ __all__ = [
     "LINEAR_ROUTES",
     "WEIGHT_FORMAT",
     "HOPPER_DENSE_ACTIVATIONS",
+    "W4A16_FP32_SPLIT",
 ]
 
 #: routes ``linear`` serves, and the weight format each needs
@@ -82,6 +85,9 @@ LINEAR_ROUTES = ("nvfp4", "int8", "w8a8", "w4a16")
 WEIGHT_FORMAT = {"nvfp4": "nvfp4", "int8": "nvfp4", "w8a8": "int8", "w4a16": "nvfp4"}
 #: on sm_90, feed W4A4/W4A8 GEMMs the quantized activations as exact fp16 (see module docstring)
 HOPPER_DENSE_ACTIVATIONS = True
+#: W4A16 on rotated (or fp32) activations: False = one fp16 operand scaled per token (``scale16_act``,
+#: ~2**-12 relative, one GEMM pass); True = the fp32-exact bf16 ``[hi | lo]`` split (two GEMM passes)
+W4A16_FP32_SPLIT = False
 
 scaled_mm_nvfp4 = blackwell.scaled_mm_nvfp4
 
@@ -221,56 +227,132 @@ def quantize_act(x2d: torch.Tensor, fmt: str, hadamard_block: int | None = None,
     return q, (None if count is None else count.to(torch.int64))
 
 
-def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma):
+class ActCache:
+    """The quantized form of one input, reused by every linear that reads that same tensor.
+
+    CogVideoX's ``to_q``, ``to_k`` and ``to_v`` (and Wan's cross-attention ``to_k``/``to_v``) read one
+    input; when DMPQ routes them alike, the fused Hadamard + quantize (+ outlier count) pass runs once
+    instead of three times. An entry is keyed by the input *object* (a weak reference, so a new tensor
+    never matches, and dropped as soon as that tensor is freed), its in-place version counter (none under
+    ``torch.inference_mode``: there the object's identity alone), and what
+    the operand depends on (activation format, Hadamard block, k_sigma, backend). Holding the operand
+    costs one activation-sized buffer while the input itself is alive.
+    """
+
+    def __init__(self):
+        self._ref = None
+        self._version = -1
+        self._ops: dict = {}
+        self.hits = 0
+
+    @staticmethod
+    def _version_of(x: torch.Tensor):
+        # inference-mode tensors carry no version counter: identity alone (diffusers' attention processors
+        # never modify a projection input in place between its linears)
+        return None if x.is_inference() else x._version
+
+    def _holds(self, x: torch.Tensor) -> bool:
+        return self._ref is not None and self._ref() is x and self._version_of(x) == self._version
+
+    def get(self, x: torch.Tensor, key):
+        if self._holds(x) and key in self._ops:
+            self.hits += 1
+            return self._ops[key]
+        return None
+
+    def put(self, x: torch.Tensor, key, value) -> None:
+        if not self._holds(x):
+            self.clear()
+            self._ref = weakref.ref(x, self._dropped)
+            self._version = self._version_of(x)
+        self._ops[key] = value
+
+    def _dropped(self, ref) -> None:
+        if ref is self._ref:
+            self.clear()
+
+    def clear(self) -> None:
+        self._ref = None
+        self._ops = {}
+
+
+def _cached(cache: ActCache | None, x: torch.Tensor, key, make):
+    if cache is None:
+        return make()
+    hit = cache.get(x, key)
+    if hit is None:
+        hit = make()
+        cache.put(x, key, hit)
+    return hit
+
+
+def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma):
     count = F.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
-    hb = packed.hadamard_block
     xr = F.block_hadamard(x2, hb) if hb else x2.float()
-    w = packed.weight(WEIGHT_FORMAT[route])
     if route == "nvfp4":
         xq = F.quantize_nvfp4(xr, check_finite=False).dequantize(torch.float32)
     elif route in ("int8", "w8a8"):
         xq = F.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
     else:
         xq = xr
+    return xq, count
+
+
+def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, cache=None, x=None):
+    hb = packed.hadamard_block
+    key = ("torch", "int8" if route == "w8a8" else route, hb, k_sigma)
+    xq, count = _cached(cache, x, key, lambda: _act_torch(x2, route, hb, k_sigma))
+    w = packed.weight(WEIGHT_FORMAT[route])
     y = xq @ w.dequantize(torch.float32).T
     if packed.bias is not None:
         y = y + packed.bias.float()
     return y.to(x2.dtype), count
 
 
-def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, native_fp4: bool):
+def _act_triton(x2: torch.Tensor, route: str, hb, k_sigma, dense: bool):
+    """The GEMM operand of ``route`` for ``x2`` (fused Hadamard + quantize) and the outlier count."""
+    if route == "nvfp4":
+        if dense:
+            (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
+            return DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs), count
+        return quantize_nvfp4_act(x2, hb, k_sigma)
+    if route == "int8" and dense:
+        q, count = quantize_int8_act(x2, hb, k_sigma, dense=True)
+        return DenseAct(q.data, "int8", row_scale=q.scale), count
+    if route in ("int8", "w8a8"):
+        return quantize_int8_act(x2, hb, k_sigma)
+    # w4a16
+    if hb or x2.dtype == torch.float32:
+        return rotate_split(x2, hb, k_sigma) if W4A16_FP32_SPLIT else scale16_act(x2, hb, k_sigma)
+    return x2, (_outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None)
+
+
+def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, native_fp4: bool,
+                   cache=None, x=None):
     hb = packed.hadamard_block
     out_dtype = x2.dtype
     bias = packed.bias
     w = packed.weight(WEIGHT_FORMAT[route])
     dense = HOPPER_DENSE_ACTIVATIONS and not native_fp4
+    # the operand's form (the int8 route with packed codes feeds the same tensor as w8a8)
     if route == "nvfp4":
-        if dense:
-            (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
-            a = DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs)
-        else:
-            a, count = quantize_nvfp4_act(x2, hb, k_sigma)
-        if native_fp4:
-            return blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype), count
-        return gemm_w4(a, w, bias, out_dtype), count
-    if route == "int8":
-        q, count = quantize_int8_act(x2, hb, k_sigma, dense=dense)
-        a = DenseAct(q.data, "int8", row_scale=q.scale) if dense else q
-        return gemm_w4(a, w, bias, out_dtype), count
+        form = "nvfp4-dense" if dense else "nvfp4"
+    elif route == "int8" and dense:
+        form = "int8-dense"
+    else:
+        form = "int8" if route in ("int8", "w8a8") else ("w4a16-split" if W4A16_FP32_SPLIT else "w4a16")
+    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, route, hb, k_sigma, dense))
     if route == "w8a8":
-        q, count = quantize_int8_act(x2, hb, k_sigma)
-        return gemm_w8a8(q, w, bias, out_dtype), count
-    # w4a16
-    if hb or x2.dtype == torch.float32:
-        split, count = rotate_split(x2, hb, k_sigma)
-        return gemm_w4(split, w, bias, out_dtype), count
-    count = _outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None
-    return gemm_w4(x2, w, bias, out_dtype), count
+        return gemm_w8a8(a, w, bias, out_dtype), count
+    if route == "nvfp4" and native_fp4:
+        return blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype), count
+    return gemm_w4(a, w, bias, out_dtype), count
 
 
 def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float | None = None,
-           backend: str = "auto"):
-    """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract."""
+           backend: str = "auto", cache: ActCache | None = None):
+    """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract.
+    ``cache``: an :class:`ActCache` shared by linears that may read the same ``x`` (quantize once)."""
     if route not in LINEAR_ROUTES:
         raise ValueError(f"route must be one of {LINEAR_ROUTES}, got {route!r}"
                          + (" (the fp16 route uses the original layer, which PackedLinear does not hold)"
@@ -286,8 +368,8 @@ def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float 
         return y, (torch.zeros((), dtype=torch.int64, device=x.device) if k_sigma is not None else None)
     be = _resolve(backend, x2)
     if be == "torch":
-        y, count = _linear_torch(x2, packed, route, k_sigma)
+        y, count = _linear_torch(x2, packed, route, k_sigma, cache, x)
     else:
-        y, count = _linear_triton(x2, packed, route, k_sigma, _use_native_fp4(backend, x2))
+        y, count = _linear_triton(x2, packed, route, k_sigma, _use_native_fp4(backend, x2), cache, x)
         count = None if count is None else count.to(torch.int64)
     return y.reshape(*lead, packed.out_features), count

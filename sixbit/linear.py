@@ -97,6 +97,9 @@ class SixBitLinear(nn.Module):
         self.last_route: str | None = None
         #: optional ``fn(module, x, y)`` called after every forward (calibration)
         self.observer = None
+        #: ``sixbit_kernels.ops.ActCache`` shared with the layers that may read the same input (set by
+        #: :func:`swap_linears`: one per swap, so Q, K and V quantize their common input once per route)
+        self.act_cache = None
 
     @property
     def has_fp_weights(self) -> bool:
@@ -132,7 +135,8 @@ class SixBitLinear(nn.Module):
             y = F.linear(x, w, b)
             count = fmt.outlier_count(x, self.k_sigma)[0] if self.k_sigma is not None else None
         else:
-            y, count = ops().linear(x, self.packed, route, k_sigma=self.k_sigma, backend=self.backend)
+            y, count = ops().linear(x, self.packed, route, k_sigma=self.k_sigma, backend=self.backend,
+                                    cache=self.act_cache)
         self.last_outliers = None if count is None else (count, x.numel())
         if self.observer is not None:
             self.observer(self, x, y)
@@ -172,6 +176,7 @@ def swap_linears(root: nn.Module, names: list[str], *, formats_: tuple[str, ...]
     the SixBitLinear for true FP16 steps.
     """
     new, originals = {}, {}
+    cache = ops().ActCache()
     for name in names:
         parent, child = _get_parent(root, name)
         lin = getattr(parent, child)
@@ -190,6 +195,7 @@ def swap_linears(root: nn.Module, names: list[str], *, formats_: tuple[str, ...]
                            fp_linear=lin if fp_weights == "device" else None,
                            host_linear=lin if fp_weights == "stream" else None,
                            int8_route=int8_route, backend=backend, k_sigma=k_sigma)
+        mod.act_cache = cache
         mod.train(lin.training)
         setattr(parent, child, mod)
         originals[name] = (lin, device)

@@ -46,7 +46,8 @@ SHAPES = [(1, 32, 64), (17, 48, 96), (40, 80, 160), (3, 16, 16)]
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_gemm_w4a4_packed_and_dense(m, n, k, bias):
+@pytest.mark.parametrize("decode", ["tile", "once"])
+def test_gemm_w4a4_packed_and_dense(m, n, k, bias, decode):
     x, w, b = _data(m, n, k, seed=m + n + k)
     b = b if bias else None
     w4 = F.quantize_nvfp4(w)
@@ -57,11 +58,12 @@ def test_gemm_w4a4_packed_and_dense(m, n, k, bias):
     assert _rel(g4.gemm_w4(qa, wd, bd, torch.float32), ref) <= TOL
     (vals, bs, ts), _ = hq.quantize_nvfp4_act(x.to(DEV), dense=True)
     da = g4.DenseAct(vals, "nvfp4", tensor_scale=ts)
-    assert _rel(g4.gemm_w4(da, wd, bd, torch.float32), ref) <= TOL
+    assert _rel(g4.gemm_w4(da, wd, bd, torch.float32, decode=decode), ref) <= TOL
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_gemm_w4a8_packed_and_dense(m, n, k):
+@pytest.mark.parametrize("decode", ["tile", "once"])
+def test_gemm_w4a8_packed_and_dense(m, n, k, decode):
     x, w, b = _data(m, n, k, seed=2 * m + n)
     w4 = F.quantize_nvfp4(w)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
@@ -69,23 +71,24 @@ def test_gemm_w4a8_packed_and_dense(m, n, k):
     assert _rel(g4.gemm_w4(q8, w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
     d8, _ = hq.quantize_int8_act(x.to(DEV), dense=True)
     da = g4.DenseAct(d8.data, "int8", row_scale=d8.scale)
-    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
+    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode=decode), ref) <= TOL
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemm_w4a16(m, n, k, dtype):
+@pytest.mark.parametrize("decode", ["tile", "once"])
+def test_gemm_w4a16(m, n, k, dtype, decode):
     x, w, b = _data(m, n, k, seed=3 * m + k, dtype=dtype)
     w4 = F.quantize_nvfp4(w)
     ref = x.float() @ w4.dequantize(torch.float32).T + b
-    assert _rel(g4.gemm_w4(x.to(DEV), w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
+    assert _rel(g4.gemm_w4(x.to(DEV), w4.to(DEV), b.to(DEV), torch.float32, decode=decode), ref) <= TOL
     # fp32-precision activations (here: Hadamard-rotated) through the bf16 [hi | lo] split
     hb = 16
     xr = F.block_hadamard(x, hb)
     wr = F.quantize_weight(w, "nvfp4", hb)
     ref = xr @ wr.dequantize(torch.float32).T + b
     pair, _ = hq.rotate_split(x.to(DEV), hb)
-    assert _rel(g4.gemm_w4(pair, wr.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
+    assert _rel(g4.gemm_w4(pair, wr.to(DEV), b.to(DEV), torch.float32, decode=decode), ref) <= TOL
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES + [(5, 24, 48)])
@@ -128,6 +131,47 @@ def test_gemm_w4_production_tiles(swap):
         cfg = g4.CUDA_CONFIGS[mode]
         cfg = (*cfg[:6], swap)
         assert _rel(g4.gemm_w4(a, w4.to(DEV), b.to(DEV), torch.float32, config=cfg), ref) <= TOL
+
+
+def test_gemm_decoded_once_production_tiles_and_dispatch(monkeypatch):
+    """The decode-once GEMM at its CUDA tiles on ragged M/N and a K with a partial last tile (TMA zero
+    fill), bf16 out; and ``decode="auto"`` switching to it at DECODE_ONCE_MIN_M rows."""
+    x, w, b = _data(70, 136, 288, seed=9)
+    w4 = F.quantize_nvfp4(w)
+    (vals, bs, ts), _ = hq.quantize_nvfp4_act(x.to(DEV), dense=True)
+    da = g4.DenseAct(vals, "nvfp4", tensor_scale=ts)
+    ref = da.dequantize(torch.float32).cpu() @ w4.dequantize(torch.float32).T + b
+    y = g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode="once", config=g4.CUDA_DENSE_W_CONFIG)
+    assert _rel(y, ref) <= TOL
+    yb = g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.bfloat16, decode="once")
+    assert yb.dtype == torch.bfloat16 and _rel(yb, ref) <= 4e-3
+    calls = []
+    real = g4._gemm_decoded_once
+    monkeypatch.setattr(g4, "_gemm_decoded_once", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(g4, "DECODE_ONCE_MIN_M", 71)
+    g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32)
+    assert not calls
+    monkeypatch.setattr(g4, "DECODE_ONCE_MIN_M", 70)
+    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
+    assert calls
+    qa, _ = hq.quantize_nvfp4_act(x.to(DEV))
+    with pytest.raises(ValueError, match="16-bit activations"):
+        g4.gemm_w4(qa, w4.to(DEV), decode="once")
+    with pytest.raises(ValueError, match="decode must be"):
+        g4.gemm_w4(da, w4.to(DEV), decode="sometimes")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_weight_exact(dtype):
+    """decode_weight writes E2M1 × bs × 2**-7 bit-exactly (ragged N, K not a multiple of its K tile)."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(37, 80, generator=g) * torch.logspace(-3, 3, 37).unsqueeze(1)
+    w[5] = 0.0
+    w4 = F.quantize_nvfp4(w)
+    y = g4.decode_weight(w4.to(DEV), dtype).cpu()
+    exact = F.e2m1_decode(F.unpack_fp4(w4.data)).view(37, -1, 16) * w4.scales.float().unsqueeze(-1) / 128
+    assert y.dtype == dtype
+    assert torch.equal(y.float(), exact.view(37, 80))
 
 
 def test_gemm_w8a8_production_tiles():

@@ -127,6 +127,42 @@ def test_linear_route_errors():
         ops.linear(_x((2, 32), 1), p, "nvfp4", backend="cuda")
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_act_cache_quantizes_a_shared_input_once(backend):
+    """Q/K/V-style reuse: layers reading the same tensor share one quantization per operand form; the
+    outputs equal uncached calls; an in-place change, another tensor or another route misses; the entry
+    goes when the input is freed."""
+    import gc
+
+    layers = [ops.pack_linear(*_layer(32, 64, s), formats=("nvfp4", "int8"), hadamard_block=16) for s in (1, 2, 3)]
+    layers = [p.to(DEV) for p in layers]
+    x = _x((2, 5, 64), 4).to(DEV)
+    cache = ops.ActCache()
+    for p in layers:
+        y, c = ops.linear(x, p, "nvfp4", k_sigma=4.0, backend=backend, cache=cache)
+        y0, c0 = ops.linear(x, p, "nvfp4", k_sigma=4.0, backend=backend)
+        assert torch.equal(y, y0) and int(c) == int(c0)
+    assert cache.hits == 2
+    ops.linear(x, layers[0], "int8", backend=backend, cache=cache)  # another form: a miss
+    ops.linear(x, layers[1], "w8a8", backend=backend, cache=cache)  # int8 codes: shared with the int8 route
+    assert cache.hits == (3 if backend == "torch" else 2)
+    x2 = x.clone()
+    ops.linear(x2, layers[0], "nvfp4", k_sigma=4.0, backend=backend, cache=cache)  # another tensor: a miss
+    assert cache.hits == (3 if backend == "torch" else 2)
+    x2.mul_(2.0)  # in place: the version changes, the stale operand must not be used
+    y, _ = ops.linear(x2, layers[0], "nvfp4", k_sigma=4.0, backend=backend, cache=cache)
+    assert torch.equal(y, ops.linear(x2, layers[0], "nvfp4", k_sigma=4.0, backend=backend)[0])
+    assert cache._ops
+    del x2
+    gc.collect()
+    assert not cache._ops  # freed input → the operand is dropped
+    with torch.inference_mode():  # no version counter there: identity alone
+        xi = x.clone()
+        ops.linear(xi, layers[0], "nvfp4", backend=backend, cache=cache)
+        ops.linear(xi, layers[1], "nvfp4", backend=backend, cache=cache)
+    assert cache.hits == (4 if backend == "torch" else 3)
+
+
 def test_linear_nan_input_gives_nan_output():
     w, b = _layer(16, 32, seed=10)
     p = ops.pack_linear(w, b, formats=("nvfp4", "int8")).to(DEV)

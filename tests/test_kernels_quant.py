@@ -208,6 +208,22 @@ def test_rotate_split_precision():
     assert float(err.max()) < 2.0**-15
 
 
+@pytest.mark.parametrize("k,hb", [(640, 128), (3072, 64), (48, None)])
+def test_scale16_act_precision(k, hb):
+    """fp16 values scaled per token: values × row scale = block_hadamard(x) to fp16 precision, whatever the
+    magnitude (rows from 1e-6 to 1e6 and an all-zero row), the row scale is the INT8 pass's, one count."""
+    x = _rand(11, k, seed=k, dtype=torch.float32, scale=3.0) * torch.logspace(-6, 6, 11).unsqueeze(1)
+    x[3] = 0.0
+    d, c = hq.scale16_act(x.to(DEV), hb, k_sigma=4.0)
+    assert d.fmt == "fp16" and d.values.dtype == torch.float16 and d.row_scale.shape == (11, 1)
+    xr = F.block_hadamard(x, hb) if hb else x
+    err = (d.dequantize().cpu() - xr).abs() / xr.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    assert float(err.max()) <= 2.0**-11
+    assert float(d.values.abs().max()) <= 127.0 and bool((d.values[3] == 0).all())
+    q8, c8 = hq.quantize_int8_act(x.to(DEV), hb, k_sigma=4.0)
+    assert torch.equal(d.row_scale.cpu(), q8.scale.cpu()) and int(c) == int(c8)
+
+
 def test_rejects_bad_shapes():
     with pytest.raises(ValueError):
         hq.quantize_int8_act(torch.zeros(4, 40, device=DEV), None)  # K not a multiple of 16
