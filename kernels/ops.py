@@ -33,7 +33,8 @@ Hopper detail. The W4A4 and W4A8 routes quantize the activations to exactly the 
 spec, but on sm_90 (no FP4 tensor cores) ``linear`` hands them to the GEMM as exact fp16 values
 (``DenseAct``) rather than packed 4-bit codes when :data:`HOPPER_DENSE_ACTIVATIONS` is true: same numbers,
 no per-tile decode of A. Both forms are implemented and benchmarked (``benchmarks/kernels.py``); on the H200
-the fp16 form measured 0.58x bf16 end to end against 0.32x for packed codes (1920→5760), hence the default.
+the fp16 form measured 0.72x bf16 end to end against 0.29x for packed codes (1920→5760; the 16-bit form also
+lets ``gemm_w4`` decode the weight once per call), hence the default.
 The packed form is what ``quantize_act`` returns.
 
 Beyond the contract: ``PackedLinear`` also exposes ``w4`` / ``w8`` (the packed tensors), ``weight_nbytes``,

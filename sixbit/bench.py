@@ -42,19 +42,24 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 #: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
 QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "dmpq_tdc_stream",
                    "full_stream")
-SPEED_CONFIGS = ("bf16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc", "full_stream")
+SPEED_CONFIGS = ("bf16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc", "full_stream",
+                 "full_w8a8")
 #: rows that are not a preset: (preset, overrides). W8A8+TDC is the fastest pairing on Hopper, which has
 #: int8 tensor cores but no FP4 units. The *_stream rows run warm-up and PDR steps with the original 16-bit
 #: weights, copied from host memory (fp_weights="stream"), instead of 4-bit weights × 16-bit activations.
+#: full_w8a8 runs DMPQ's INT8 decisions as W8A8 (int8_route="w8a8": an INT8 copy of every weight is kept,
+#: 12.5 bits/weight in all) — the Hopper speed pairing of the full method; NVFP4 decisions stay W4A4.
 EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "dmpq_tdc_stream": ("dmpq_tdc", dict(fp_weights="stream")),
-                 "full_stream": ("full", dict(fp_weights="stream"))}
+                 "full_stream": ("full", dict(fp_weights="stream")),
+                 "full_w8a8": ("full", dict(int8_route="w8a8"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
     "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)", "w8a8_tdc": "static W8A8 + TDC",
     "dmpq_tdc_stream": "DMPQ+TDC, no PDR · FP16 weights streamed",
     "full_stream": "full 6Bit · FP16 weights streamed",
+    "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies)",
 }
 
 
