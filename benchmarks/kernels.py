@@ -351,6 +351,24 @@ def _check(name, chk, b, K, N):
     return {"kernel": name, "K": K, "N": N, "rows": n, "rel_err": e, "ok": e <= 1e-3}
 
 
+def bench_norm(M, rep, results):
+    """The attention's per-head q/k LayerNorm on the strided [B, heads, S, 64] view, PyTorch vs sixbit."""
+    rows = []
+    for model, heads in (("2B", 30), ("5B", 48)):
+        S = M // 2
+        x = gen((2, S, heads * 64), 11).view(2, S, heads, 64).transpose(1, 2)
+        ln = torch.nn.LayerNorm(64, eps=1e-6).to(DEV, torch.bfloat16)
+        t_ref = bench(lambda x=x, ln=ln: ln(x), rep)
+        t = bench(lambda x=x, ln=ln: sk.layernorm.layer_norm_rows(x, ln.weight, ln.bias, 1e-6), rep)
+        e = rel(sk.layernorm.layer_norm_rows(x, ln.weight, ln.bias, 1e-6), ln(x).float())
+        gbs = 2 * 2 * x.numel() / (t * 1e-3) / 1e9
+        rows.append({"model": model, "shape": list(x.shape), "torch_ms": t_ref, "sixbit_ms": t, "speedup": t_ref / t,
+                     "GBps": gbs, "rel_err_vs_torch": e})
+        log(f"norm {model} {list(x.shape)}: torch {t_ref:.3f} ms, sixbit {t:.3f} ms ({t_ref / t:.1f}x, {gbs:.0f} GB/s), "
+            f"rel err {e:.1e}")
+    results["norm"] = rows
+
+
 # -------------------------------------------------------------------------------------- end to end
 
 
@@ -440,6 +458,13 @@ def write_md(results, path: Path):
                 mv = f"{r['GBps_moved_bytes']:.0f} | {r['frac_of_copy_moved']:.0%}" if "GBps_moved_bytes" in r else " | "
                 L.append(f"| {r['K']} | {r['kernel']} | {r['ms']:.4f} | {r['GBps_required_bytes']:.0f} | {r['frac_of_copy']:.0%} | {mv} |")
         L.append("")
+    if results.get("norm"):
+        L += ["## Per-head q/k LayerNorm (strided `[2, heads, S, 64]` bf16 view, as in CogVideoX's attention)", "",
+              "| model | shape | PyTorch `nn.LayerNorm` ms | sixbit `layer_norm_rows` ms | speed-up | GB/s | rel. err |",
+              "|---|---|---|---|---|---|---|"]
+        L += [f"| {r['model']} | {r['shape']} | {r['torch_ms']:.3f} | {r['sixbit_ms']:.3f} | {r['speedup']:.1f}× | "
+              f"{r['GBps']:.0f} | {r['rel_err_vs_torch']:.1e} |" for r in results["norm"]]
+        L.append("")
     bits = [r for r in results.get("linear", []) if "nvfp4_bits_per_weight" in r]
     if bits:
         L += ["## Weight storage", "", "| K→N | NVFP4 bits/weight (codes + e4m3 scales + fp32 tensor scale) | INT8 bits/weight |",
@@ -465,7 +490,7 @@ def main():
     ap.add_argument("--hb", type=int, default=64, help="Hadamard block size")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--tune", action="store_true")
-    ap.add_argument("--sections", default="linear,quantize,gemm")
+    ap.add_argument("--sections", default="linear,quantize,norm,gemm")
     ap.add_argument("--tests-log", default=None, help="pytest log whose summary goes into the markdown")
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--smoke", action="store_true",
@@ -512,6 +537,8 @@ def main():
         steps.append(("linear", lambda: bench_linear(args.M, args.rep, args.hb, results)))
     if "quantize" in secs:
         steps.append(("quantize", lambda: bench_quantize(args.M, args.rep, args.hb, results["ceilings"]["copy_GBps"], results)))
+    if "norm" in secs:
+        steps.append(("norm", lambda: bench_norm(args.M, args.rep, results)))
     if "gemm" in secs:
         steps.append(("gemm", lambda: bench_gemms(args.M, args.rep, args.hb, results)))
     for name, fn in steps:

@@ -58,6 +58,8 @@ try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" wor
     from .gemm_w8a8 import gemm_w8a8
     from .hadamard_quant import outlier_count as _outlier_count_kernel
     from .hadamard_quant import quantize_int8_act, quantize_nvfp4_act, rotate_split, scale16_act
+    from .layernorm import layer_norm_rows
+    from .layernorm import supported as layer_norm_supported
 
     HAVE_TRITON = True
 except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
@@ -67,6 +69,8 @@ except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
 __all__ = [
     "PackedLinear",
     "ActCache",
+    "layer_norm_rows",
+    "layer_norm_supported",
     "pack_linear",
     "linear",
     "quantize_act",

@@ -9,8 +9,8 @@ ablation rows of the quality tables:
 preset          quant        TDC    PDR    meaning
 ==============  ===========  =====  =====  ===============================================
 off / fp16      off          no     no     the plain model (hooks only observe)
-balanced/full   dmpq         yes    yes    the full method, τ for 6.0 average activation bits
-aggressive      dmpq         yes    yes    τ for 5.25 bits, looser skipping
+balanced/full   dmpq         yes    yes    the full method, τ for 5.0 bits (~6.0 realised, ~40 % skipped)
+aggressive      dmpq         yes    yes    τ for 4.75 bits, looser skipping
 dmpq_only       dmpq         no     no     mixed precision, every block computed
 tdc_only        off          yes    no     delta caching on the full-precision model
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
@@ -19,9 +19,10 @@ w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activat
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
 ==============  ===========  =====  =====  ===============================================
 
-Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; latent error vs FP32 over two prompts,
-docs/ENGINE.md "Defaults"): ``balanced`` skips ~36 % of block evaluations, ``aggressive`` ~48 %. They are
-starting points for other models and step counts, not calibrated values.
+Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benchmark's videos, docs/ENGINE.md
+"Defaults"): ``balanced`` skips ~40 % of block evaluations at ~6.0 realised activation bits (≤ 6.0 counting
+the after-skip INT8 steps), ``aggressive`` ~50 %. They are starting points for other models and step
+counts, not calibrated values.
 
 Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
 one every linear uses E = Γ (α = 1, β = 0) and ``tau`` (default :data:`UNCALIBRATED_TAU`), which the
@@ -72,8 +73,9 @@ class SixBitConfig:
         label="INT8 route",
     )
     target_bits: float | None = _f(
-        6.0,
+        5.0,
         "Average activation bits DMPQ aims for; τ is read from the policy's calibrated τ-for-bits table. "
+        "The realised average is higher: after-skip steps run INT8, warm-up and PDR steps 16 bits. "
         "Ignored when 'tau' is set.",
         min=4.5, max=8.0,
         label="Target activation bits",
@@ -92,7 +94,8 @@ class SixBitConfig:
         label="Policy",
     )
     warmup_steps: int = _f(
-        1, "First denoising steps run with full-precision activations (no Γ history yet).", min=0, max=1000,
+        0, "First denoising steps run with full-precision activations; 0 = none (step 0, which has no Γ "
+        "yet, runs INT8).", min=0, max=1000,
         label="Warm-up steps (full precision)",
     )
     hadamard_block: int = _f(
@@ -131,14 +134,14 @@ class SixBitConfig:
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
     tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.", label="Temporal Delta Cache")
     tdc_threshold: float = _f(
-        0.15,
+        0.165,
         "Skip only while the relative L1 change per step between the block's last two computed deltas "
         "is at most this.",
         min=0.0,
         label="TDC similarity threshold",
     )
     tdc_budget: float = _f(
-        0.2,
+        0.4,
         "Accumulated skip-error budget per block: every skipped step adds the per-step change; when the "
         "next skip would exceed the budget the block is recomputed (refresh) and the sum resets.",
         min=0.0,
@@ -172,6 +175,13 @@ class SixBitConfig:
     pdr_k_sigma: float = _f(8.0, "k_σ: an element is an outlier if |x| > k_σ · rms(its token).", min=1.0, label="PDR k_σ")
     # --- engine ------------------------------------------------------------------------------------------
     backend: str = _f("auto", "Kernel backend passed to sixbit_kernels.ops.linear.", choices=("auto", "triton", "torch"), label="Kernel backend")
+    fast_qk_norm: bool = _f(
+        True,
+        "Engineering, not the method: run the attention's per-head q/k LayerNorm (CogVideoX) with sixbit's "
+        "Triton kernel for short strided rows on CUDA (PyTorch's LayerNorm on 64-wide rows is ~13 % of a "
+        "CogVideoX-2B step on the H200); same numbers to fp32 rounding. No effect on the CPU.",
+        label="Fast q/k LayerNorm (CUDA)",
+    )
     trace_linear_outliers: bool = _f(
         True, "Record each layer's input outlier ratio in the trace (counted by the kernels; no extra sync).",
         label="Trace layer outliers",
@@ -256,7 +266,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fp16": dict(quant="off", tdc=False, pdr=False),
     "balanced": dict(),
     "full": dict(),
-    "aggressive": dict(target_bits=5.25, tdc_threshold=0.2, tdc_budget=0.3, tdc_first=1),
+    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False),
     "dmpq_tdc": dict(pdr=False),

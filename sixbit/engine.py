@@ -67,6 +67,7 @@ __all__ = ["apply", "SixBitHandle", "POLICY_DIR"]
 POLICY_DIR = Path(__file__).resolve().parent.parent / "assets" / "policies"
 _DENOISER_HOOK = "sixbit_denoiser"
 _BLOCK_HOOK = "sixbit_block"
+_NORM_HOOK = "sixbit_qk_norm"
 _DEFAULT_CONTEXT = "default"
 _STATIC_ROUTE = {"w4a4": "nvfp4", "w4a8": "int8", "w8a8": "w8a8"}
 
@@ -127,6 +128,29 @@ class _BlockHook(ModelHook):
     def reset_state(self, module):
         self.state_manager.reset()
         return module
+
+
+class _QKNormHook(ModelHook):
+    """``nn.LayerNorm`` of the attention's per-head q/k through ``ops.layer_norm_rows`` (reads the strided
+    ``[B, heads, S, head_dim]`` view directly) where the Triton kernels run; ``F.layer_norm`` elsewhere."""
+
+    def __init__(self, backend: str):
+        super().__init__()
+        self.backend = backend
+
+    def new_forward(self, module, x, *args, **kwargs):
+        k = ops()
+        if (self.backend != "torch" and x.is_cuda and k.compute_path(x.device) != "cuda-reference"
+                and k.layer_norm_supported(x, module.normalized_shape)):
+            return k.layer_norm_rows(x, module.weight, module.bias, module.eps)
+        return torch.nn.functional.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps)
+
+
+def _qk_norms(blocks) -> list[nn.Module]:
+    """The per-head q/k ``nn.LayerNorm`` modules of the blocks' attentions (CogVideoX: ``attn1.norm_q/k``)."""
+    return [m for _, block in blocks for name, m in block.named_modules()
+            if name.rsplit(".", 1)[-1] in ("norm_q", "norm_k") and type(m) is nn.LayerNorm
+            and len(m.normalized_shape) == 1]
 
 
 def _arg(module: nn.Module, name: str, args: tuple, kwargs: dict):
@@ -266,6 +290,9 @@ class SixBitHandle:
             hook = _BlockHook(self, b)
             self._register(block, hook, _BLOCK_HOOK)
             self._block_hooks.append(hook)
+        if cfg.fast_qk_norm:
+            for m in _qk_norms(blocks):
+                self._register(m, _QKNormHook(cfg.backend), _NORM_HOOK)
         HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
         transformer._sixbit_handle = self
         self.trace = self._new_trace()
@@ -503,7 +530,7 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (_DENOISER_HOOK, _BLOCK_HOOK):
+            for name in (_DENOISER_HOOK, _BLOCK_HOOK, _NORM_HOOK):
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)

@@ -54,7 +54,7 @@ def test_calibrate_writes_a_policy_that_loads_back_and_drives_routing(tmp_path):
     path = policy.save(tmp_path / "policy.json")
     loaded = Policy.load(path)
     assert loaded.to_dict() == json.loads(path.read_text())
-    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=str(path)))
+    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=str(path), target_bits=6.0))  # τ = policy.tau
     generate(pipe)
     d = handle.trace.to_dict()
     assert d["config"]["policy_resolved"].startswith("calibrated")

@@ -44,6 +44,19 @@ def test_apply_remove_round_trip_is_bit_identical(pipe):
     assert torch.equal(generate(pipe), ref)
 
 
+def test_qk_norm_hook_attached_identical_on_cpu_and_removed(pipe):
+    """fast_qk_norm hooks every block's attn1.norm_q/norm_k (diffusers hook, no module swap); on the CPU it
+    falls back to F.layer_norm, so outputs are unchanged; remove() takes the hooks off again."""
+    ref = generate(pipe)
+    norms = [m for b in pipe.transformer.transformer_blocks for m in (b.attn1.norm_q, b.attn1.norm_k)]
+    with sixbit.apply(pipe, SixBitConfig.preset("off")):
+        assert all(sixbit.engine._NORM_HOOK in m._diffusers_hook.hooks for m in norms)
+        assert torch.equal(generate(pipe), ref)
+    assert not any(hasattr(m, "_diffusers_hook") or "forward" in m.__dict__ for m in norms)
+    with sixbit.apply(pipe, SixBitConfig.preset("off", fast_qk_norm=False)):
+        assert not any(hasattr(m, "_diffusers_hook") for m in norms)
+
+
 def test_everything_off_is_identical_to_plain_pipeline(pipe):
     ref = generate(pipe)
     with sixbit.apply(pipe, SixBitConfig.preset("off")) as handle:
@@ -55,7 +68,8 @@ def test_everything_off_is_identical_to_plain_pipeline(pipe):
 
 
 def test_trace_schema_and_counts(pipe):
-    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1))
+    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1,
+                                                    warmup_steps=1))
     steps = 6
     generate(pipe, num_inference_steps=steps)
     d = json.loads(json.dumps(handle.trace.to_dict(), allow_nan=False))  # JSON-safe
@@ -148,7 +162,7 @@ def test_fp_weights_stream_runs_true_fp16_steps_from_host_copies(pipe):
     for mode in ("cpu", "stream", "device"):
         p = tiny_cogvideox_pipeline(seed=0)
         before = sum(x.numel() for x in p.transformer.parameters())
-        h = sixbit.apply(p, SixBitConfig.preset("balanced", fp_weights=mode))
+        h = sixbit.apply(p, SixBitConfig.preset("balanced", fp_weights=mode, warmup_steps=1))
         outs[mode] = generate(p)
         routes[mode] = {m.resolve("fp16") for m in h.modules}
         if mode == "stream":

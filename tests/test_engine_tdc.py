@@ -188,7 +188,7 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
 def test_after_skip_route_can_use_the_last_measured_gamma():
     pipe = tiny_cogvideox_pipeline(seed=0)
     cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
-                              tdc_first=0, tdc_last=0, after_skip="dmpq")
+                              tdc_first=0, tdc_last=0, after_skip="dmpq", warmup_steps=1)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=10)
     d = handle.trace.to_dict()

@@ -1,0 +1,135 @@
+"""Where a denoising step's GPU time goes: attention, 16-bit GEMMs, sixbit's kernels, everything else.
+
+Runs the CogVideoX pipeline at real size with random weights (``sixbit.bench.random_cogvideox``, random
+prompt embeddings: no text encoder) for a few steps under ``torch.profiler`` and sums CUDA kernel time per
+category over the profiled steps (the first steps are skipped: warm-up, and DMPQ's full-precision first step):
+
+* ``attention``: the SDPA kernels (flash / cuDNN / memory-efficient);
+* ``cuBLAS GEMM``: 16-bit matmuls (the baseline's linears; sixbit's remaining 16-bit layers);
+* ``sixbit GEMM`` / ``sixbit quantize``: the Triton kernels of ``kernels/`` (``_gemm*`` / ``_decode_w`` and
+  ``_rows``/``_nvfp4``);
+* ``other``: norms, modulation, rotary embeddings, activations, copies, residual adds.
+
+No TDC (every block computed), so the table is the cost of one computed block step, per configuration::
+
+    python benchmarks/step_profile.py --size 2b --out benchmarks/results/step_profile_h200_2b
+
+Writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sixbit import bench  # noqa: E402
+
+CATEGORIES = ("attention", "cuBLAS GEMM", "sixbit GEMM", "sixbit quantize", "other")
+
+
+def category(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("flash", "fmha", "sdpa", "attention", "attn")):
+        return "attention"
+    if n.startswith(("_gemm", "_decode_w")):
+        return "sixbit GEMM"
+    if n.startswith(("_rows", "_nvfp4")):
+        return "sixbit quantize"
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")):
+        return "cuBLAS GEMM"
+    return "other"
+
+
+def profile(pipe, call, steps: int, skip: int) -> dict:
+    from torch.profiler import ProfilerActivity, schedule
+
+    prof = torch.profiler.profile(activities=[ProfilerActivity.CUDA],
+                                  schedule=schedule(wait=skip - 1, warmup=1, active=steps - skip))
+
+    def cb(p, i, t, kw):
+        torch.cuda.synchronize()
+        prof.step()
+        return {}
+
+    with prof:
+        pipe(**call, num_inference_steps=steps, output_type="latent", callback_on_step_end=cb)
+    n = steps - skip
+    per: dict[str, float] = dict.fromkeys(CATEGORIES, 0.0)
+    top: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if not us or e.key.startswith(("ProfilerStep", "cuda", "aten::")):
+            continue
+        per[category(e.key)] += us / 1e3 / n
+        top[e.key] = top.get(e.key, 0.0) + us / 1e3 / n
+    total = sum(per.values())
+    return {"ms_per_step": per, "total_ms_per_step": total,
+            "top_kernels": sorted(((k, v) for k, v in top.items()), key=lambda kv: -kv[1])[:12],
+            "profiled_steps": n}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2b", choices=["2b", "5b"])
+    ap.add_argument("--configs", nargs="+", default=["bf16", "dmpq_only", "w8a8"])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--skip", type=int, default=2, help="steps before the profiled ones")
+    ap.add_argument("--out", default="benchmarks/results/step_profile_h200_2b")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_profile.py needs a CUDA GPU")
+    import sixbit
+
+    dev = torch.device("cuda")
+    pipe = bench.random_cogvideox(args.size, dev, text_encoder=False)
+    g = torch.Generator("cpu").manual_seed(0)
+    pe = torch.randn(1, 226, 4096, generator=g).to(dev, torch.bfloat16)
+    call = dict(prompt_embeds=pe, negative_prompt_embeds=torch.zeros_like(pe), height=480, width=720, num_frames=49,
+                guidance_scale=6.0, generator=torch.Generator("cpu").manual_seed(0))
+    res = {"environment": bench.environment(dev), "size": args.size, "steps": args.steps, "skip": args.skip,
+           "command": "python " + " ".join(sys.argv), "configs": {}}
+    for name in args.configs:
+        handle = None
+        try:
+            if name != "bf16":
+                handle = sixbit.apply(pipe, bench.make_config(name))
+            pipe(**call, num_inference_steps=2, output_type="latent")  # compile / autotune, not profiled
+            res["configs"][name] = profile(pipe, call, args.steps, args.skip)
+            print(name, json.dumps(res["configs"][name]["ms_per_step"]), flush=True)
+        except Exception as e:  # recorded, not fatal
+            res["configs"][name] = {"error": f"{type(e).__name__}: {e}"}
+            print(name, "FAILED", e, flush=True)
+        finally:
+            if handle is not None:
+                handle.remove()
+            torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1))
+    env = res["environment"]
+    L = [f"# Where a denoising step's GPU time goes — CogVideoX-{args.size.upper()} size, 49×480×720, CFG batched", "",
+         f"CUDA kernel time per step (ms) from `torch.profiler`, averaged over {args.steps - args.skip} steps after "
+         f"{args.skip}; random weights, every block computed (no TDC). `{res['command']}`", "",
+         "| configuration | " + " | ".join(CATEGORIES) + " | total |", "|---" * (len(CATEGORIES) + 2) + "|"]
+    for name, r in res["configs"].items():
+        if "error" in r:
+            L.append(f"| {name} | error: {r['error'][:80]} |" + " |" * len(CATEGORIES))
+            continue
+        L.append(f"| {bench.LABELS.get(name, name)} | " + " | ".join(f"{r['ms_per_step'][c]:.1f}" for c in CATEGORIES)
+                 + f" | {r['total_ms_per_step']:.1f} |")
+    L += ["", "- " + ", ".join(f"{k}: `{env[k]}`" for k in ("gpu", "torch", "triton", "diffusers", "date") if k in env), ""]
+    for name, r in res["configs"].items():
+        if "top_kernels" in r:
+            L += [f"Top kernels, {name}: " + "; ".join(f"`{k[:60]}` {v:.1f}" for k, v in r["top_kernels"][:6]), ""]
+    out.with_suffix(".md").write_text("\n".join(L))
+
+
+if __name__ == "__main__":
+    main()

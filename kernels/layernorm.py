@@ -1,0 +1,89 @@
+"""LayerNorm over short rows read through strides: the attention's per-head q/k norm.
+
+CogVideoX normalizes ``query``/``key`` per head (``nn.LayerNorm(head_dim)``, 64 wide) on the transposed
+view ``[B, heads, S, head_dim]`` of the projection output. PyTorch makes that view contiguous and runs its
+row-per-block LayerNorm on 64-element rows: on the H200 that is ~13 % of a CogVideoX-2B denoising step in
+the bf16 baseline (``benchmarks/results/step_profile_h200_2b.md``). ``layer_norm_rows`` instead reads the
+strided view directly, ``BLOCK_R`` rows × ``D`` columns per program, and writes the contiguous result that
+``nn.LayerNorm`` returns.
+
+Numerics: fp32 mean, then the biased variance of the centred values (two passes over the register tile),
+``rstd = 1 / sqrt(var + eps)``, affine in fp32, one rounding to the output dtype — PyTorch computes the same
+quantities with Welford's update, so results agree to fp32 rounding before the final cast (tests: equal
+to ``F.layer_norm`` of the fp32 input within one output ulp).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cast_out, check_launchable
+
+
+@triton.jit
+def _ln_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, R, d1, d2, s0, s1, s2, eps,
+                    D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                    INTERP: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < R
+    r64 = r.to(tl.int64)
+    i0 = r64 // (d1 * d2)
+    i1 = (r64 // d2) % d1
+    i2 = r64 % d2
+    base = i0 * s0 + i1 * s1 + i2 * s2
+    col = tl.arange(0, D)
+    x = tl.load(x_ptr + base[:, None] + col[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / D
+    xc = x - mean[:, None]
+    var = tl.sum(xc * xc, axis=1) / D
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    y = xc * rstd[:, None]
+    if HAS_W:
+        y = y * tl.load(w_ptr + col).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(b_ptr + col).to(tl.float32)[None, :]
+    tl.store(y_ptr + r64[:, None] * D + col[None, :], cast_out(y, y_ptr.dtype.element_ty, INTERP),
+             mask=rmask[:, None])
+
+
+def supported(x: torch.Tensor, normalized_shape) -> bool:
+    """Whether :func:`layer_norm_rows` takes this input: one normalized dim, a power of two in [16, 256],
+    contiguous along it, at most 4 dims, a float dtype."""
+    if len(tuple(normalized_shape)) != 1 or x.dim() < 1 or x.dim() > 4:
+        return False
+    d = x.shape[-1]
+    return (d == normalized_shape[0] and 16 <= d <= 256 and d & (d - 1) == 0 and x.stride(-1) == 1
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                    *, block_rows: int = 64) -> torch.Tensor:
+    """``F.layer_norm(x, (D,), weight, bias, eps)`` for any strided ``x`` with a contiguous last dim
+    (see :func:`supported`); returns a contiguous tensor of ``x``'s shape and dtype."""
+    if not supported(x, (x.shape[-1],)):
+        raise ValueError(f"layer_norm_rows: unsupported input shape {tuple(x.shape)} / strides {x.stride()} / "
+                         f"dtype {x.dtype}")
+    interp = check_launchable(x)
+    D = x.shape[-1]
+    lead = list(x.shape[:-1])
+    strides = list(x.stride()[:-1])
+    while len(lead) < 3:
+        lead.insert(0, 1)
+        strides.insert(0, 0)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    R = lead[0] * lead[1] * lead[2]
+    if R == 0:
+        return y
+    br = 16 if interp else block_rows
+    w = weight if weight is not None else y
+    b = bias if bias is not None else y
+    _ln_rows_kernel[(triton.cdiv(R, br),)](
+        x, w, b, y, R, lead[1], lead[2], strides[0], strides[1], strides[2], float(eps),
+        D=D, BLOCK_R=br, HAS_W=weight is not None, HAS_B=bias is not None, INTERP=interp, num_warps=4,
+    )
+    return y
+
+
+__all__ = ["layer_norm_rows", "supported"]
