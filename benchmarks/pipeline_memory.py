@@ -4,7 +4,8 @@ in a chosen order, on a CogVideoX pipeline at real size with random weights.
 ``python -m sixbit.bench speed --pipeline-memory`` runs the same rows (:func:`sixbit.bench.pipeline_memory`)
 after the speed configurations, in the order bf16, full, bf16_lean, full_lean. On the H200 the rows after
 the first two started with ~12 GiB more allocated than their own components (something from an earlier
-row keeps device memory alive; not yet found), so this script runs the rows in the order you give, lean
+row keeps device memory alive; not yet found — not a reference cycle: a ``gc.collect()`` before each row
+did not free it), so this script runs the rows in the order you give, lean
 rows first by default, and records the allocated bytes before each row. A row is clean when its encode
 phase starts with only its own components resident (the text encoder for lean rows) — check
 ``before_row_GiB`` and the encode ``start`` column. ::

@@ -45,8 +45,9 @@ COMPUTE_PATHS = {
                      "no low-bit arithmetic speed-up exists on this path, so any speed-up comes from "
                      "skipped blocks (Temporal Delta Cache).",
     "cuda-reference": "CUDA reference — the plain-torch numerics on the GPU, not the fused kernels.",
-    "hopper-triton": "Hopper Triton kernels — INT8 on tensor cores; NVFP4 weights are decoded in-kernel "
-                     "to BF16 MMA (Hopper has no FP4 units: a memory win, not an FP4-compute win).",
+    "hopper-triton": "Hopper Triton kernels — INT8 on tensor cores; NVFP4 weights are decoded to 16 bits "
+                     "once per layer call and multiplied on the 16-bit tensor cores (Hopper has no FP4 units: "
+                     "a memory win, not an FP4-compute win).",
     "blackwell-native (unverified)": "Blackwell native FP4 tensor cores — unverified: this path has "
                                      "not been run by the project.",
 }
