@@ -83,17 +83,19 @@ def host_has_network(timeout: float = 1.5) -> bool:
         return False
 
 
+def _env_flag(name: str, default: str) -> bool | None:
+    """``True`` / ``False`` for the usual spellings of an environment switch, ``None`` for anything else."""
+    v = os.environ.get(name, default).strip().lower()
+    return True if v in ("1", "true", "yes") else False if v in ("0", "false", "no") else None
+
+
 def text_encoder_4bit() -> bool:
-    return os.environ.get("SIXBIT_TEXT_ENCODER_4BIT", "0").strip().lower() in ("1", "true", "yes")
+    return bool(_env_flag("SIXBIT_TEXT_ENCODER_4BIT", "0"))
 
 
 def allow_hub_models() -> bool:
-    v = os.environ.get("SIXBIT_ALLOW_HUB_MODELS", "auto").strip().lower()
-    if v in ("1", "true", "yes"):
-        return True
-    if v in ("0", "false", "no"):
-        return False
-    return host_has_network()
+    flag = _env_flag("SIXBIT_ALLOW_HUB_MODELS", "auto")
+    return host_has_network() if flag is None else flag
 
 
 class ModelStore:

@@ -53,7 +53,7 @@ def main():
            "schedule": args.schedule, "rows": {}}
     for row in args.rows:
         before = torch.cuda.memory_allocated(dev)
-        r = bench.pipeline_memory(pipe, call, dev, sched, None, rows=(row,))[row]
+        r = bench.pipeline_memory(pipe, call, dev, sched, rows=(row,))[row]
         r["before_row_bytes"] = before
         res["rows"][row] = r
         print(row, json.dumps({k: r.get(k) for k in ("peak_bytes", "phases", "error", "before_row_bytes")},

@@ -402,7 +402,7 @@ def speed(args) -> dict:
                                                                   "avg_act_bits", "peak_mem_bytes", "error")}), flush=True)
             _write_speed(results, out, args.name)
         if args.pipeline_memory and size != "tiny":
-            rec["pipeline_memory"] = pipeline_memory(pipe, call, device, sched, args)
+            rec["pipeline_memory"] = pipeline_memory(pipe, call, device, sched)
             _write_speed(results, out, args.name)
         del pipe
         if device.type == "cuda":
@@ -507,7 +507,7 @@ PIPELINE_MEMORY_ROWS = {
 LEAN_OVERRIDES = dict(modulation_weights="nvfp4", embedder_weights="nvfp4")
 
 
-def pipeline_memory(pipe, call, device, sched, args, rows=tuple(PIPELINE_MEMORY_ROWS), steps: int = 2) -> dict:
+def pipeline_memory(pipe, call, device, sched, rows=tuple(PIPELINE_MEMORY_ROWS), steps: int = 2) -> dict:
     """Peak memory of the whole pipeline (text encoder → ``steps`` denoising steps → VAE decode to pixels),
     split by :class:`PhasePeaks` into encode (everything before the first transformer call), denoise and
     decode.

@@ -127,7 +127,7 @@ def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
     pipe = bench.random_cogvideox("tiny", torch.device("cpu"), torch.float32)
     call = dict(prompt="a red circle", height=32, width=32, num_frames=9, guidance_scale=6.0, max_sequence_length=16,
                 generator=torch.Generator("cpu").manual_seed(0))
-    res = bench.pipeline_memory(pipe, call, torch.device("cpu"), None, None)
+    res = bench.pipeline_memory(pipe, call, torch.device("cpu"), None)
     assert list(res) == list(bench.PIPELINE_MEMORY_ROWS)
     for name, row in res.items():
         assert "error" not in row, (name, row.get("traceback"))
