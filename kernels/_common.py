@@ -92,6 +92,19 @@ def gl_dtype(dtype: torch.dtype):
 
 
 @triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of this program in the grouped order of a 1-d GEMM grid: ``GROUP_M`` row tiles walk
+    the N tiles together, so the weight tiles they share stay in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + ((pid % group) % gsize), (pid % group) // gsize
+
+
+@triton.jit
 def dot(a, b, INTERP: tl.constexpr):
     """fp32-accumulating dot; exact fp32 products for fp32 operands; interpreter-safe for bf16."""
     if INTERP:

@@ -18,8 +18,9 @@ an fp32 tensor scale). Each K-step decodes a ``[BLOCK_N, BLOCK_K]`` weight tile 
 * ``A_NVFP4`` (2): packed NVFP4 activations, decoded in-kernel like the weights (true 4-bit operand).
 * ``A_INT8`` (3): INT8 codes, converted in-kernel to fp16 (exact).
 
-Epilogue: ``acc * 2**7 * s_w`` (weight tensor scale), times ``2**7 * s_a`` (NVFP4 activations) or the
-per-token scale (INT8 activations), plus bias, cast to the output dtype. Never ``tl.dot_scaled``: on
+Epilogue (``_w4_epilogue``, shared with the decode-once kernel): ``acc * 2**7 * s_w`` (weight tensor
+scale), times ``2**7 * s_a`` (NVFP4 activations) or the per-token scale (INT8 activations), plus bias, cast
+to the output dtype. Never ``tl.dot_scaled``: on
 sm_90 it is emulated (0.33x of a bf16 dot, FACTS.md).
 """
 
@@ -34,7 +35,7 @@ import triton.language as tl
 from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
 
 from . import _common
-from ._common import cast_out, check_launchable, decode_nvfp4, dot
+from ._common import cast_out, check_launchable, decode_nvfp4, dot, grouped_tile
 
 A_DENSE, A_SPLIT, A_NVFP4, A_INT8 = 0, 1, 2, 3
 
@@ -73,6 +74,26 @@ class SplitAct:
 
 
 @triton.jit
+def _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+                 A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
+    """``acc * 2**7 * s_w`` (× ``2**7 * s_a`` for NVFP4 activations, × the per-row scale for INT8 / scaled
+    fp16 ones) ``+ bias``, cast and stored with the M/N edges masked (rows/columns clamped for the loads)."""
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    alpha = tl.load(wts_ptr) * 128.0
+    if A_TS:
+        alpha = alpha * (tl.load(ats_ptr) * 128.0)
+    acc = acc * alpha
+    if ROW_SCALE:
+        acc = acc * tl.load(rs_ptr + rm)[:, None]
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
+
+
+@triton.jit
 def _gemm_w4_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
     M, N, K, stride_am, stride_om,
@@ -81,15 +102,7 @@ def _gemm_w4_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr, PTX: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    gid = pid // group
-    first_m = gid * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % group) % gsize)
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,17 +168,8 @@ def _gemm_w4_kernel(
 
     if SWAP:
         acc = tl.trans(acc)
-    alpha = tl.load(wts_ptr) * 128.0
-    if A_TS:
-        alpha = alpha * (tl.load(ats_ptr) * 128.0)
-    acc = acc * alpha
-    if ROW_SCALE:
-        acc = acc * tl.load(rs_ptr + rm)[:, None]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-    o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
+    _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+                 A_TS, ROW_SCALE, HAS_BIAS, INTERP)
 
 
 @triton.jit
@@ -201,15 +205,7 @@ def _gemm_dense_w_kernel(
     through TMA tensor descriptors (zero-filled out of bounds), plain async wgmma; same epilogue as
     :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for the ``[hi | lo]``
     split form (``SPLIT``), whose second half re-reads the weight from column 0."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    gid = pid // group
-    first_m = gid * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % group) % gsize)
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -223,19 +219,8 @@ def _gemm_dense_w_kernel(
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
-    alpha = tl.load(wts_ptr) * 128.0
-    if A_TS:
-        alpha = alpha * (tl.load(ats_ptr) * 128.0)
-    acc = acc * alpha
-    if ROW_SCALE:
-        acc = acc * tl.load(rs_ptr + rm)[:, None]
-    if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-    o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
+    _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+                 A_TS, ROW_SCALE, HAS_BIAS, INTERP)
 
 
 #: default tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SWAP) per A mode on

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from sixbit.formats import Int8Tensor
 
-from ._common import cast_out, check_launchable
+from ._common import cast_out, check_launchable, grouped_tile
 
 
 @triton.jit
@@ -29,15 +29,7 @@ def _gemm_w8a8_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n
-    gid = pid // group
-    first_m = gid * GROUP_M
-    gsize = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % group) % gsize)
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
