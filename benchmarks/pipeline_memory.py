@@ -46,8 +46,7 @@ def main():
         sys.exit("pipeline_memory.py needs a CUDA GPU")
     dev = torch.device("cuda")
     pipe = bench.random_cogvideox(args.size, dev, torch.bfloat16, text_encoder=True)
-    call = dict(prompt="a red circle moving left on a blue background", height=480, width=720, num_frames=49,
-                guidance_scale=6.0, max_sequence_length=226, generator=torch.Generator("cpu").manual_seed(0))
+    call = bench.speed_call(args.size)
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
     res = {"environment": bench.environment(dev), "command": "python " + " ".join(sys.argv), "size": args.size,
            "schedule": args.schedule, "rows": {}}

@@ -314,21 +314,31 @@ def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, c
     return y.to(x2.dtype), count
 
 
-def _act_triton(x2: torch.Tensor, route: str, hb, k_sigma, dense: bool):
-    """The GEMM operand of ``route`` for ``x2`` (fused Hadamard + quantize) and the outlier count."""
+def _act_form(route: str, dense: bool) -> str:
+    """The GEMM operand a route needs: what ``_act_triton`` builds and the ``ActCache`` key (the int8 route
+    with packed codes and w8a8 read the same tensor)."""
     if route == "nvfp4":
-        if dense:
-            (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
-            return DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs), count
+        return "nvfp4-dense" if dense else "nvfp4"
+    if route in ("int8", "w8a8"):
+        return "int8-dense" if route == "int8" and dense else "int8"
+    return "w4a16-split" if W4A16_FP32_SPLIT else "w4a16"
+
+
+def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma):
+    """The operand of ``form`` (see :func:`_act_form`) for ``x2``: fused Hadamard + quantize, and the count."""
+    if form == "nvfp4-dense":
+        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
+        return DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs), count
+    if form == "nvfp4":
         return quantize_nvfp4_act(x2, hb, k_sigma)
-    if route == "int8" and dense:
+    if form == "int8-dense":
         q, count = quantize_int8_act(x2, hb, k_sigma, dense=True)
         return DenseAct(q.data, "int8", row_scale=q.scale), count
-    if route in ("int8", "w8a8"):
+    if form == "int8":
         return quantize_int8_act(x2, hb, k_sigma)
     # w4a16
     if hb or x2.dtype == torch.float32:
-        return rotate_split(x2, hb, k_sigma) if W4A16_FP32_SPLIT else scale16_act(x2, hb, k_sigma)
+        return rotate_split(x2, hb, k_sigma) if form == "w4a16-split" else scale16_act(x2, hb, k_sigma)
     return x2, (_outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None)
 
 
@@ -338,15 +348,8 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
     out_dtype = x2.dtype
     bias = packed.bias
     w = packed.weight(WEIGHT_FORMAT[route])
-    dense = HOPPER_DENSE_ACTIVATIONS and not native_fp4
-    # the operand's form (the int8 route with packed codes feeds the same tensor as w8a8)
-    if route == "nvfp4":
-        form = "nvfp4-dense" if dense else "nvfp4"
-    elif route == "int8" and dense:
-        form = "int8-dense"
-    else:
-        form = "int8" if route in ("int8", "w8a8") else ("w4a16-split" if W4A16_FP32_SPLIT else "w4a16")
-    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, route, hb, k_sigma, dense))
+    form = _act_form(route, HOPPER_DENSE_ACTIVATIONS and not native_fp4)
+    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, form, hb, k_sigma))
     if route == "w8a8":
         return gemm_w8a8(a, w, bias, out_dtype), count
     if route == "nvfp4" and native_fp4:

@@ -331,6 +331,18 @@ def _run_denoise(pipe, call: dict, steps: int, device) -> tuple[float, list[floa
     return total, [b - a for a, b in zip(edges, edges[1:])]
 
 
+def speed_call(size: str, height: int = 480, width: int = 720, frames: int = 49) -> dict:
+    """The pipeline call the speed and memory benchmarks time (seeded generator included)."""
+    if size == "tiny":
+        call = dict(prompt="a red circle", height=64, width=64, num_frames=9, guidance_scale=6.0,
+                    max_sequence_length=16)
+    else:
+        call = dict(prompt="a red circle moving left on a blue background", height=height, width=width,
+                    num_frames=frames, guidance_scale=6.0, max_sequence_length=226)
+    call["generator"] = torch.Generator("cpu").manual_seed(0)
+    return call
+
+
 def speed(args) -> dict:
     import sixbit
     from sixbit.tdc import SkipSchedule
@@ -348,13 +360,7 @@ def speed(args) -> dict:
         t_build = time.perf_counter()
         pipe = random_cogvideox(size, device, dtype, text_encoder=True)
         build_s = time.perf_counter() - t_build
-        if size == "tiny":
-            call = dict(prompt="a red circle", height=64, width=64, num_frames=9, guidance_scale=6.0,
-                        max_sequence_length=16)
-        else:
-            call = dict(prompt="a red circle moving left on a blue background", height=args.height, width=args.width,
-                        num_frames=args.frames, guidance_scale=6.0, max_sequence_length=226)
-        call["generator"] = torch.Generator("cpu").manual_seed(0)
+        call = speed_call(size, args.height, args.width, args.frames)
         tr = pipe.transformer
         bf16_weight_bytes = _param_bytes(tr)
         rec: dict[str, Any] = {"build_s": build_s, "call": {k: v for k, v in call.items() if k != "generator"},
