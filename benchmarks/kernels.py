@@ -67,7 +67,9 @@ TUNE = {
                                (256, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4), (128, 256, 128, 8, 8, 2)]),
     "w8a8": (None, [(128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3), (128, 128, 128, 8, 4, 3),
                     (128, 128, 128, 8, 4, 2)]),
-    "rows": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4), (32, 4, 8)]),
+    "w8a8_tma": (None, [(128, 256, 128, 8, 8, 3), (128, 256, 128, 8, 8, 4), (256, 128, 128, 8, 8, 3),
+                        (256, 128, 128, 8, 8, 4), (128, 128, 128, 8, 4, 3), (128, 128, 128, 8, 4, 4)]),
+    "rows": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4), (128, 4, 4), (64, 4, 8), (256, 8, 2)]),
     "nvfp4_tiles": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4)]),
 }
 
@@ -153,10 +155,11 @@ def tune(M, rep, hb, results):
                         a = g4.DenseAct(v, "nvfp4", tensor_scale=ts)
                         w4 = F.quantize_nvfp4(w)
                         fn = lambda a=a, w4=w4, b=b, cfg=cfg: g4.gemm_w4(a, w4, b, config=cfg, decode="once")  # noqa: E731
-                    elif name == "w8a8":
+                    elif name in ("w8a8", "w8a8_tma"):
                         q8, _ = hq.quantize_int8_act(x, hb)
                         w8 = F.quantize_int8(w)
-                        fn = lambda q8=q8, w8=w8, b=b, cfg=cfg: g8.gemm_w8a8(q8, w8, b, config=cfg)  # noqa: E731
+                        fn = lambda q8=q8, w8=w8, b=b, cfg=cfg, t=name == "w8a8_tma": g8.gemm_w8a8(  # noqa: E731
+                            q8, w8, b, config=cfg, tma=t)
                     else:
                         w4 = F.quantize_nvfp4(w)
                         if mode == g4.A_DENSE:
@@ -188,11 +191,16 @@ def tune(M, rep, hb, results):
                 hq.CUDA_NVFP4_CONFIG = best
             elif name == "w8a8":
                 g8.CUDA_CONFIG = best
+            elif name == "w8a8_tma":
+                g8.CUDA_TMA_CONFIG = best
+                plain = out.get("w8a8", {}).get("best_total_ms")
+                g8.TMA = plain is None or min(r["total_ms"] for r in ok) < plain  # the faster kernel by default
+                log(f"tune w8a8: TMA kernel {'on' if g8.TMA else 'off'} by default")
             elif name == "w4_decoded_once":
                 g4.CUDA_DENSE_W_CONFIG = best
             else:
                 g4.CUDA_CONFIGS[mode] = best
-            out[name] = {"best": list(best), "candidates": rows}
+            out[name] = {"best": list(best), "best_total_ms": min(r["total_ms"] for r in ok), "candidates": rows}
             log(f"tune {name}: best {best}")
         else:
             out[name] = {"best": None, "candidates": rows}
@@ -292,7 +300,8 @@ def _gemms_at(M, model, layer, K, N, rep, hb, rows, checks):
     wdec = g4.decode_weight(w4)
     cases = [
         ("bf16 cuBLAS F.linear", lambda: torch.nn.functional.linear(x, wb, bb), None),
-        ("W8A8 int8 GEMM", lambda: g8.gemm_w8a8(q8, w8, b), (q8, w8)),
+        ("W8A8 int8 GEMM", lambda: g8.gemm_w8a8(q8, w8, b, tma=False), (q8, w8)),
+        ("W8A8 int8 GEMM (TMA descriptors)", lambda: g8.gemm_w8a8(q8, w8, b, tma=True), (q8, w8)),
         ("W4A4 (packed 4-bit A, decoded in-kernel)", lambda: g4.gemm_w4(qa, w4, b), (qa, w4)),
         ("W4A4 (A as exact fp16, W decoded per tile)", lambda: g4.gemm_w4(da4, w4, b, decode="tile"), (da4, w4)),
         ("W4A4 (A as exact fp16, W decoded once)", lambda: g4.gemm_w4(da4, w4, b, decode="once"), (da4, w4, "once")),
@@ -366,7 +375,71 @@ def bench_norm(M, rep, results):
                      "GBps": gbs, "rel_err_vs_torch": e})
         log(f"norm {model} {list(x.shape)}: torch {t_ref:.3f} ms, sixbit {t:.3f} ms ({t_ref / t:.1f}x, {gbs:.0f} GB/s), "
             f"rel err {e:.1e}")
+        # + the rotary embedding of the video tokens, as CogVideoX's attention processor does it
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        text = min(226, S // 4)  # CogVideoX: 226 text tokens first
+        ang = gen((S - text, 32), 12).float()
+        cos = ang.cos().repeat_interleave(2, -1).contiguous()
+        sin = ang.sin().repeat_interleave(2, -1).contiguous()
+
+        def torch_chain(x=x, ln=ln, cos=cos, sin=sin, text=text):
+            y = ln(x)
+            y[:, :, text:] = apply_rotary_emb(y[:, :, text:], (cos, sin))
+            return y
+
+        def fused(x=x, ln=ln, cos=cos, sin=sin, text=text):
+            return sk.layernorm.layer_norm_rows(x, ln.weight, ln.bias, 1e-6, rope=(cos, sin, text))
+
+        t_ref = bench(torch_chain, rep)
+        t = bench(fused, rep)
+        e = rel(fused(), torch_chain().float())
+        gbs = 2 * 2 * x.numel() / (t * 1e-3) / 1e9
+        rows.append({"model": model, "shape": list(x.shape), "op": "layernorm+rotary", "torch_ms": t_ref, "sixbit_ms": t,
+                     "speedup": t_ref / t, "GBps": gbs, "rel_err_vs_torch": e})
+        log(f"norm+rope {model}: torch {t_ref:.3f} ms, sixbit {t:.3f} ms ({t_ref / t:.1f}x, {gbs:.0f} GB/s), rel err {e:.1e}")
     results["norm"] = rows
+
+
+def bench_bookkeeping(M, rep, results):
+    """The engine's per-computed-block statistics: Δ, Γ's sums, the delta change (TDC) and PDR's outlier
+    count — the torch reference against block_stats / the outlier-count kernel, at CogVideoX sizes."""
+    from sixbit import formats as SF
+    from sixbit.dmpq import gamma_sums
+    from sixbit.tdc import delta_change_sums
+
+    rows = []
+    for model, width in (("2B", 1920), ("5B", 3072)):
+        text = min(226, M // 8)
+        video = M // 2 - text
+        ins = [gen((2, video, width), 21), gen((2, text, width), 22)]
+        outs = [i + 0.1 * gen(i.shape, 23 + k) for k, i in enumerate(ins)]
+        olds = [o - i + 0.01 * gen(i.shape, 25 + k) for k, (o, i) in enumerate(zip(outs, ins))]
+
+        def ref(outs=outs, ins=ins, olds=olds):
+            d = [o - i for o, i in zip(outs, ins)]
+            return d, torch.stack([*gamma_sums(d[0], ins[0]), *delta_change_sums(d, olds)])
+
+        def fused(outs=outs, ins=ins, olds=olds):
+            return sk.ops.block_stats(outs, ins, olds)
+
+        t_ref, t = bench(ref, rep), bench(fused, rep)
+        e = rel(fused()[1], ref()[1].double())
+        nbytes = sum(4 * t_.numel() * t_.element_size() for t_ in ins)  # read out, in, old; write Δ
+        rows.append({"model": model, "op": "Δ + Γ sums + delta change (2 streams)", "torch_ms": t_ref, "sixbit_ms": t,
+                     "speedup": t_ref / t, "GBps": nbytes / (t * 1e-3) / 1e9, "rel_err_vs_torch": e})
+        log(f"bookkeeping {model}: torch {t_ref:.3f} ms, sixbit {t:.3f} ms ({t_ref / t:.1f}x)")
+        t_ref = bench(lambda ins=ins: [SF.outlier_count(s, 8.0) for s in ins], rep)
+        t = bench(lambda ins=ins: [sk.ops.outlier_count(s, 8.0) for s in ins], rep)
+        same = all(int(a[0]) == int(b[0]) for a, b in zip([SF.outlier_count(s, 8.0) for s in ins],
+                                                         [sk.ops.outlier_count(s, 8.0) for s in ins]))
+        nbytes = sum(s.numel() * s.element_size() for s in ins)
+        rows.append({"model": model, "op": "PDR outlier count (2 streams)", "torch_ms": t_ref, "sixbit_ms": t,
+                     "speedup": t_ref / t, "GBps": nbytes / (t * 1e-3) / 1e9, "rel_err_vs_torch": 0.0 if same else 1.0})
+        log(f"outlier count {model}: torch {t_ref:.3f} ms, sixbit {t:.3f} ms ({t_ref / t:.1f}x), equal counts {same}")
+        del ins, outs, olds
+        _empty_cache()
+    results["bookkeeping"] = rows
 
 
 # -------------------------------------------------------------------------------------- end to end
@@ -462,8 +535,18 @@ def write_md(results, path: Path):
         L += ["## Per-head q/k LayerNorm (strided `[2, heads, S, 64]` bf16 view, as in CogVideoX's attention)", "",
               "| model | shape | PyTorch `nn.LayerNorm` ms | sixbit `layer_norm_rows` ms | speed-up | GB/s | rel. err |",
               "|---|---|---|---|---|---|---|"]
-        L += [f"| {r['model']} | {r['shape']} | {r['torch_ms']:.3f} | {r['sixbit_ms']:.3f} | {r['speedup']:.1f}× | "
-              f"{r['GBps']:.0f} | {r['rel_err_vs_torch']:.1e} |" for r in results["norm"]]
+        L += [f"| {r['model']} | {r['shape']}{' + rotary' if r.get('op') else ''} | {r['torch_ms']:.3f} | "
+              f"{r['sixbit_ms']:.3f} | {r['speedup']:.1f}× | {r['GBps']:.0f} | {r['rel_err_vs_torch']:.1e} |"
+              for r in results["norm"]]
+        L += ["", "(rows \"+ rotary\": PyTorch's LayerNorm then diffusers' `apply_rotary_emb` on the video tokens, "
+              "against `layer_norm_rows(..., rope=...)`)", ""]
+    if results.get("bookkeeping"):
+        L += ["## Engine bookkeeping per computed block (torch reference vs kernels)", "",
+              "Video stream [2, S, width] + text stream [2, 226, width], bf16; relative error of the sums "
+              "(outlier count: 0 = equal counts).", "",
+              "| model | op | torch ms | sixbit ms | speed-up | GB/s | rel. err |", "|---|---|---|---|---|---|---|"]
+        L += [f"| {r['model']} | {r['op']} | {r['torch_ms']:.3f} | {r['sixbit_ms']:.3f} | {r['speedup']:.1f}× | "
+              f"{r['GBps']:.0f} | {r['rel_err_vs_torch']:.1e} |" for r in results["bookkeeping"]]
         L.append("")
     bits = [r for r in results.get("linear", []) if "nvfp4_bits_per_weight" in r]
     if bits:
@@ -490,7 +573,7 @@ def main():
     ap.add_argument("--hb", type=int, default=64, help="Hadamard block size")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
     ap.add_argument("--tune", action="store_true")
-    ap.add_argument("--sections", default="linear,quantize,norm,gemm")
+    ap.add_argument("--sections", default="linear,quantize,norm,bookkeeping,gemm")
     ap.add_argument("--tests-log", default=None, help="pytest log whose summary goes into the markdown")
     ap.add_argument("--out", default="benchmarks/results/kernels_h200")
     ap.add_argument("--smoke", action="store_true",
@@ -539,6 +622,8 @@ def main():
         steps.append(("quantize", lambda: bench_quantize(args.M, args.rep, args.hb, results["ceilings"]["copy_GBps"], results)))
     if "norm" in secs:
         steps.append(("norm", lambda: bench_norm(args.M, args.rep, results)))
+    if "bookkeeping" in secs:
+        steps.append(("bookkeeping", lambda: bench_bookkeeping(args.M, args.rep, results)))
     if "gemm" in secs:
         steps.append(("gemm", lambda: bench_gemms(args.M, args.rep, args.hb, results)))
     for name, fn in steps:
@@ -551,7 +636,8 @@ def main():
         log(f"section {name} done in {time.time() - t0:.1f} s")
         results["final_configs"] = {"w4": {str(k): list(v) for k, v in g4.CUDA_CONFIGS.items()},
                                     "w4_decoded_once": list(g4.CUDA_DENSE_W_CONFIG),
-                                    "w8a8": list(g8.CUDA_CONFIG), "rows": list(hq.CUDA_ROWS_CONFIG),
+                                    "w8a8": list(g8.CUDA_CONFIG), "w8a8_tma": list(g8.CUDA_TMA_CONFIG),
+                                    "w8a8_tma_default": g8.TMA, "rows": list(hq.CUDA_ROWS_CONFIG),
                                     "nvfp4_tiles": list(hq.CUDA_NVFP4_CONFIG), "ptx_decode": common.PTX_DECODE}
         save()
     results["log"] = LOG

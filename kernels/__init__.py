@@ -4,7 +4,8 @@
 * ``hadamard_quant`` — fused block-Hadamard + NVFP4 / INT8 activation quantization (+ outlier count)
 * ``gemm_w4``        — NVFP4-weight GEMMs (W4A4, W4A8, W4A16), weights decoded per tile or once per call
 * ``gemm_w8a8``      — INT8 × INT8 GEMM on the int8 tensor cores
-* ``layernorm``      — LayerNorm over short strided rows (the attention's per-head q/k norm)
+* ``layernorm``      — LayerNorm over short strided rows (the attention's per-head q/k norm, + rotary)
+* ``block_stats``    — the engine's per-block Δ, Γ and delta-change sums in one pass
 * ``blackwell``      — native FP4 ``torch._scaled_mm`` path for capability ≥ 10 (unverified)
 
 Importing this package does not import triton; ``sixbit_kernels.ops`` does. See docs/KERNELS.md.
@@ -12,7 +13,7 @@ Importing this package does not import triton; ``sixbit_kernels.ops`` does. See 
 
 import importlib as _importlib
 
-_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "blackwell")
+_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "blackwell")
 
 
 def __getattr__(name):  # lazy submodules: ``sixbit_kernels.ops`` without importing triton up front

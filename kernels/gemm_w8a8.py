@@ -6,8 +6,10 @@ stays below 2**31 for K < 133,000), one fp32 rescale in the epilogue. Weights ar
 kernel). Both operands are K-major (``[rows, K]`` row-major), the layout Hopper's int8 ``wgmma`` wants.
 
 FACTS.md: cuBLAS int8 through ``torch._int_mm`` is no faster than bf16 on the H200, a plain Triton int8
-GEMM reached 1.47-1.6x bf16 — hence this kernel. Measured here (benchmarks/results/kernels_h200.md):
-1.37-1.67x bf16 cuBLAS at the CogVideoX shapes, GEMM alone.
+GEMM reached 1.47-1.6x bf16 — hence this kernel. Two forms of the same loop: operands read through TMA
+tensor descriptors (the default, :data:`TMA`) or with pointer loads (any K; the interpreter tests both).
+Measured at the CogVideoX shapes, GEMM alone (benchmarks/results/kernels_h200.md): TMA 1.58-1.76x bf16
+cuBLAS, pointer loads 1.41-1.69x.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def _gemm_w8a8_kernel(
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
+    _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
+
+
+@triton.jit
+def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr,
+                   HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
+    """``acc · s_token · s_channel (+ bias)`` in fp32, one rounding to the output dtype, masked store."""
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
     sa = tl.load(sa_ptr + rm)
     sw = tl.load(sw_ptr + rn)
     y = acc.to(tl.float32) * sa[:, None] * sw[None, :]
@@ -60,11 +71,39 @@ def _gemm_w8a8_kernel(
     tl.store(out_ptr + o_off, cast_out(y, out_ptr.dtype.element_ty, INTERP), mask=omask)
 
 
+@triton.jit
+def _gemm_w8a8_tma_kernel(
+    a_desc, w_desc, sa_ptr, sw_ptr, bias_ptr, out_ptr,
+    M, N, K, stride_om,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """The same GEMM with both operands read through TMA tensor descriptors (zero-filled out of bounds,
+    so no K masks): the copy engine feeds shared memory and the warps only issue wgmma."""
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([m0, k0])
+        w = w_desc.load([n0, k0])
+        acc = tl.dot(a, tl.trans(w), acc, out_dtype=tl.int32)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
+
+
 #: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), picked by ``benchmarks/kernels.py --tune``
 #: on the H200: 128x128x128 tiles with 4 warps and 3 stages fit two CTAs per SM, which hides the int8
 #: wgmma wait (triton 3.6 issues int8 wgmma synchronously) better than one 128x256 CTA
 CUDA_CONFIG = (128, 128, 128, 8, 4, 3)
 INTERP_CONFIG = (32, 32, 32, 4, 4, 1)
+#: the TMA kernel's config on CUDA (same fields), picked by ``--tune`` on the H200 like the one above
+CUDA_TMA_CONFIG = (128, 128, 128, 8, 4, 3)
+#: ``tma=None`` calls use the TMA kernel where the operands allow it: on the H200 it measured 1.58-1.76x
+#: bf16 cuBLAS against 1.41-1.69x for pointer loads (GEMM alone; benchmarks/results/kernels_h200.md)
+TMA = True
 
 
 def gemm_w8a8(
@@ -74,8 +113,12 @@ def gemm_w8a8(
     out_dtype: torch.dtype = torch.bfloat16,
     *,
     config: tuple | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
-    """``dequant(a) @ dequant(w)^T + bias`` for per-token INT8 ``a [M, K]`` and per-channel INT8 ``w [N, K]``."""
+    """``dequant(a) @ dequant(w)^T + bias`` for per-token INT8 ``a [M, K]`` and per-channel INT8 ``w [N, K]``.
+
+    ``tma``: read the operands through TMA tensor descriptors (:func:`_gemm_w8a8_tma_kernel`; needs K a
+    multiple of 16 and 16-byte aligned bases) or with pointer loads; ``None``: :data:`TMA` where possible."""
     qa, qw = a.data, w.data
     if qa.dtype != torch.int8 or qw.dtype != torch.int8:
         raise TypeError("gemm_w8a8 needs int8 codes for both operands")
@@ -91,9 +134,23 @@ def gemm_w8a8(
     out = torch.empty((M, N), dtype=out_dtype, device=qa.device)
     if M == 0:
         return out
-    bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else CUDA_CONFIG)
+    aligned = K % 16 == 0 and qa.data_ptr() % 16 == 0 and qw.data_ptr() % 16 == 0
+    if tma and not aligned:
+        raise ValueError("tma=True needs K % 16 == 0 and 16-byte aligned operands")
+    use_tma = aligned if tma is None and TMA else bool(tma)
+    bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else CUDA_TMA_CONFIG if use_tma else CUDA_CONFIG)
     bk = min(bk, max(32, triton.next_power_of_2(K)))  # int8 tensor-core dots need K tiles of >= 32
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        _gemm_w8a8_tma_kernel[grid](
+            TensorDescriptor.from_tensor(qa, [bm, bk]), TensorDescriptor.from_tensor(qw, [bn, bk]),
+            sa, sw, bias if bias is not None else sa, out, M, N, K, out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp,
+            num_warps=nw, num_stages=ns,
+        )
+        return out
     _gemm_w8a8_kernel[grid](
         qa, qw, sa, sw, bias if bias is not None else sa, out,
         M, N, K, qa.stride(0), qw.stride(0), out.stride(0),

@@ -26,6 +26,11 @@ Contract (the engine, ``sixbit/linear.py``, codes against this):
 ``quantize_act(x2d, fmt, hadamard_block, k_sigma=None, backend="auto") -> (NVFP4Tensor | Int8Tensor, count)``
     The fused Hadamard + quantize (+ outlier count) on its own; ``fmt`` is ``"nvfp4"`` or ``"int8"``.
 
+The engine's bookkeeping (same ``backend`` rule; the torch reference elsewhere):
+``block_stats(outs, ins, olds=None, *, write=True)`` (where ``block_stats_supported``) — per stream ``Δ = out − in`` and the sums Γ and TDC
+need, one pass each (``block_stats.py``); ``outlier_count(x, k_sigma)`` — ``formats.outlier_count`` in
+one read (PDR's block-input check).
+
 GEMM entry points (usable on their own): :func:`gemm_w4` (NVFP4 weights × NVFP4 / INT8 / dense 16-bit
 activations), :func:`gemm_w8a8`, :func:`scaled_mm_nvfp4` (Blackwell, unverified).
 
@@ -54,6 +59,8 @@ from sixbit import formats as F
 from . import blackwell
 
 try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" works
+    from .block_stats import delta_stats as _delta_stats_kernel
+    from .block_stats import supported as _delta_stats_supported
     from .gemm_w4 import DenseAct, gemm_w4
     from .gemm_w8a8 import gemm_w8a8
     from .hadamard_quant import outlier_count as _outlier_count_kernel
@@ -71,6 +78,9 @@ __all__ = [
     "ActCache",
     "layer_norm_rows",
     "layer_norm_supported",
+    "block_stats",
+    "block_stats_supported",
+    "outlier_count",
     "pack_linear",
     "linear",
     "quantize_act",
@@ -230,6 +240,36 @@ def quantize_act(x2d: torch.Tensor, fmt: str, hadamard_block: int | None = None,
     fn = quantize_nvfp4_act if fmt == "nvfp4" else quantize_int8_act
     q, count = fn(x2d, hadamard_block, k_sigma)
     return q, (None if count is None else count.to(torch.int64))
+
+
+def block_stats_supported(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[torch.Tensor] | None = None,
+                          backend: str = "auto") -> bool:
+    """Whether :func:`block_stats` runs for these streams (the Triton path; else use the torch reference)."""
+    olds_ = olds if olds is not None else [None] * len(outs)
+    return HAVE_TRITON and _resolve(backend, outs[0]) == "triton" and all(
+        _delta_stats_supported(o, i, d) for o, i, d in zip(outs, ins, olds_))
+
+
+def block_stats(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[torch.Tensor] | None = None, *,
+                write: bool = True) -> tuple[list[torch.Tensor] | None, torch.Tensor]:
+    """Per token stream ``Δ = out − in`` (model dtype; ``None`` without ``write``) and the fp64 sums
+    ``[‖Δ_0‖₁, ‖in_0‖₁, Σ_s ‖Δ_s − old_s‖₁, Σ_s ‖old_s‖₁]`` — Γ's (first stream) and TDC's delta change
+    (all streams; zeros without ``olds``), each stream read once (``block_stats.py``; check
+    :func:`block_stats_supported` first). The reference is ``sixbit.dmpq.gamma_sums`` and
+    ``sixbit.tdc.delta_change_sums``."""
+    olds_ = olds if olds is not None else [None] * len(outs)
+    res = [_delta_stats_kernel(o, i, d, write=write) for o, i, d in zip(outs, ins, olds_)]
+    sums = torch.stack([res[0][1][0], res[0][1][1], sum(r[1][2] for r in res), sum(r[1][3] for r in res)])
+    return ([r[0] for r in res] if write else None), sums
+
+
+def outlier_count(x: torch.Tensor, k_sigma: float, backend: str = "auto") -> tuple[torch.Tensor, int]:
+    """``formats.outlier_count(x, k_sigma)``: (int64 0-d count, element count); one read on the Triton path."""
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if (_resolve(backend, x) == "triton" and x2.shape[-1] % 16 == 0
+            and x2.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+        return _outlier_count_kernel(x2, k_sigma).to(torch.int64), x2.numel()
+    return F.outlier_count(x, k_sigma)
 
 
 class ActCache:

@@ -42,8 +42,8 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 #: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
 QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "dmpq_tdc_stream",
                    "full_stream")
-SPEED_CONFIGS = ("bf16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc", "full_stream",
-                 "full_w8a8")
+SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc",
+                 "full_stream", "full_w8a8")
 #: rows that are not a preset: (preset, overrides). W8A8+TDC is the fastest pairing on Hopper, which has
 #: int8 tensor cores but no FP4 units. The *_stream rows run warm-up and PDR steps with the original 16-bit
 #: weights, copied from host memory (fp_weights="stream"), instead of 4-bit weights × 16-bit activations.
@@ -60,7 +60,12 @@ LABELS = {
     "dmpq_tdc_stream": "DMPQ+TDC, no PDR · FP16 weights streamed",
     "full_stream": "full 6Bit · FP16 weights streamed",
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies)",
+    "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }
+#: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
+#: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
+#: from that engineering's
+ENGINEERING_ONLY = ("bf16_fast_attn",)
 
 
 def make_config(name: str, **extra):
@@ -370,9 +375,16 @@ def speed(args) -> dict:
         configs = args.configs or SPEED_CONFIGS
         for name in configs:
             handle = None
+            installed: list = []
             entry: dict[str, Any] = {"label": LABELS[name]}
             try:
-                if name != "bf16":
+                if name in ENGINEERING_ONLY:
+                    from sixbit import attention
+                    from sixbit.linear import ops
+
+                    installed = attention.install(handle_blocks(tr), ops())
+                    entry["compute_path"] = ops().compute_path(device) + " (attention processor only)"
+                elif name != "bf16":
                     cfg = make_config(name)
                     use_sched = sched is not None and cfg.tdc
                     handle = sixbit.apply(pipe, cfg, schedule=sched.resample(len(handle_blocks(tr)), args.steps)
@@ -402,6 +414,10 @@ def speed(args) -> dict:
             finally:
                 if handle is not None:
                     handle.remove()
+                if installed:
+                    from sixbit import attention
+
+                    attention.uninstall(installed)
             rec["configs"][name] = entry
             print(f"[speed {size}] {name}: " + json.dumps({k: v for k, v in entry.items()
                                                          if k in ("denoise_s", "step_median_s", "skip_fraction",

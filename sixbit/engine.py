@@ -15,7 +15,10 @@ end of every call:
   measures Γ and the delta change, refreshes the cache and writes the trace.
 
 The linear layers are swapped for :class:`~sixbit.linear.SixBitLinear` (module replacement); the block
-hook sets each layer's ``route`` just before the block runs.
+hook sets each layer's ``route`` just before the block runs. With ``fast_qk_norm`` (engineering, not the
+method) CogVideoX's attentions get :class:`~sixbit.attention.FusedQKNormRopeProcessor` through diffusers'
+``set_processor``. A computed block's Δ and statistics come from ``ops.block_stats`` (one pass per token
+stream on the GPU; the torch reference elsewhere).
 
 Host synchronisations: per computed block one read of a stacked statistics tensor (Γ sums and delta-
 change sums), plus one for the PDR outlier ratio when PDR applies; none for a skipped block; per step one
@@ -43,11 +46,12 @@ import torch
 from diffusers.hooks.hooks import BaseState, CacheContext, HookRegistry, ModelHook, StateManager
 from torch import nn
 
+from sixbit import attention
 from sixbit import pdr as pdr_rule
 from sixbit import tdc as tdc_rule
 from sixbit.adapters import Adapter, get_adapter
 from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
-from sixbit.dmpq import Router, l1, ratio
+from sixbit.dmpq import Router, gamma_sums, ratio
 from sixbit.linear import (
     SixBitLinear,
     nvfp4_packable,
@@ -67,7 +71,6 @@ __all__ = ["apply", "SixBitHandle", "POLICY_DIR"]
 POLICY_DIR = Path(__file__).resolve().parent.parent / "assets" / "policies"
 _DENOISER_HOOK = "sixbit_denoiser"
 _BLOCK_HOOK = "sixbit_block"
-_NORM_HOOK = "sixbit_qk_norm"
 _DEFAULT_CONTEXT = "default"
 _STATIC_ROUTE = {"w4a4": "nvfp4", "w4a8": "int8", "w8a8": "w8a8"}
 
@@ -128,29 +131,6 @@ class _BlockHook(ModelHook):
     def reset_state(self, module):
         self.state_manager.reset()
         return module
-
-
-class _QKNormHook(ModelHook):
-    """``nn.LayerNorm`` of the attention's per-head q/k through ``ops.layer_norm_rows`` (reads the strided
-    ``[B, heads, S, head_dim]`` view directly) where the Triton kernels run; ``F.layer_norm`` elsewhere."""
-
-    def __init__(self, backend: str):
-        super().__init__()
-        self.backend = backend
-
-    def new_forward(self, module, x, *args, **kwargs):
-        k = ops()
-        if (self.backend != "torch" and x.is_cuda and k.compute_path(x.device) != "cuda-reference"
-                and k.layer_norm_supported(x, module.normalized_shape)):
-            return k.layer_norm_rows(x, module.weight, module.bias, module.eps)
-        return torch.nn.functional.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps)
-
-
-def _qk_norms(blocks) -> list[nn.Module]:
-    """The per-head q/k ``nn.LayerNorm`` modules of the blocks' attentions (CogVideoX: ``attn1.norm_q/k``)."""
-    return [m for _, block in blocks for name, m in block.named_modules()
-            if name.rsplit(".", 1)[-1] in ("norm_q", "norm_k") and type(m) is nn.LayerNorm
-            and len(m.normalized_shape) == 1]
 
 
 def _arg(module: nn.Module, name: str, args: tuple, kwargs: dict):
@@ -290,9 +270,8 @@ class SixBitHandle:
             hook = _BlockHook(self, b)
             self._register(block, hook, _BLOCK_HOOK)
             self._block_hooks.append(hook)
-        if cfg.fast_qk_norm:
-            for m in _qk_norms(blocks):
-                self._register(m, _QKNormHook(cfg.backend), _NORM_HOOK)
+        # engineering, not the method: q/k LayerNorm + rotary embedding in one kernel (CogVideoX, CUDA)
+        self._attn_processors = attention.install(blocks, ops(), cfg.backend) if cfg.fast_qk_norm else []
         HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
         transformer._sixbit_handle = self
         self.trace = self._new_trace()
@@ -404,8 +383,21 @@ class SixBitHandle:
         return None if self._cur is None else (self._cur.branch, self._cur.step)
 
     # ----------------------------------------------------------------------------------- one block
-    def _read(self, stats: list[torch.Tensor]) -> list[float]:
-        t = torch.stack([s.to(torch.float64) for s in stats])
+    def _block_stats(self, outs, streams, old, keep: bool):
+        """(Δ per stream or None, [‖Δ‖₁, ‖in‖₁ of the video stream (Γ), and with ``old`` the delta-change
+        sums]) — one pass per stream with the Triton kernel on the GPU, the torch reference elsewhere."""
+        k = ops()
+        if k.block_stats_supported(outs, streams, old, self.cfg.backend):
+            deltas, sums = k.block_stats(outs, streams, old, write=keep)
+            return deltas, (sums if old is not None else sums[:2])
+        deltas = [o - s for o, s in zip(outs, streams)]
+        stats = [*gamma_sums(deltas[0], streams[0])]
+        if old is not None:
+            stats += [*tdc_rule.delta_change_sums(deltas, old)]
+        return deltas, torch.stack([s.to(torch.float64) for s in stats])
+
+    def _read(self, stats: list[torch.Tensor] | torch.Tensor) -> list[float]:
+        t = stats.to(torch.float64) if torch.is_tensor(stats) else torch.stack([s.to(torch.float64) for s in stats])
         if self.reduce_stats is not None:
             t = self.reduce_stats(t)
         return t.tolist()
@@ -456,7 +448,8 @@ class SixBitHandle:
                 next_skip = not self.schedule.computed(cur.branch, i + 1, b)
             mode = None
             if pdr_rule.applies(cfg, i, cur.num_steps, next_skip):
-                c, tot = self._read(list(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma)))
+                count = lambda x, k: ops().outlier_count(x, k, cfg.backend)  # noqa: E731
+                c, tot = self._read(list(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma, count)))
                 oratio = c / tot if tot else 0.0
                 if pdr_rule.purify(oratio, self.pdr_rho):
                     fired, mode, routes = True, "pdr", ["fp16"] * n
@@ -473,17 +466,14 @@ class SixBitHandle:
         # ---- compute, measure, refresh
         output = hook.fn_ref.original_forward(*args, **kwargs)
         outs = self.adapter.streams_out(output)
-        deltas = [o - s for o, s in zip(outs, streams)]
-        stats = [l1(deltas[0]), l1(streams[0])]
-        compare = cached and (cfg.tdc or self.schedule is not None)
-        if compare:
-            num, den = tdc_rule.delta_change_sums(deltas, bs.delta)
-            stats += [num, den]
-        vals = self._read(stats)
+        keep = cfg.tdc or self.schedule is not None
+        compare = cached and keep
+        deltas, sums = self._block_stats(outs, streams, bs.delta if compare else None, keep)
+        vals = self._read(sums)
         bs.gamma = ratio(vals[0], vals[1])
         if compare:
             bs.delta_sim = ratio(vals[2], vals[3]) / max(1, i - bs.last_step)
-        if cfg.tdc or self.schedule is not None:
+        if keep:
             bs.delta = deltas
         bs.acc_err = 0.0
         bs.last_step = i
@@ -530,7 +520,7 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (_DENOISER_HOOK, _BLOCK_HOOK, _NORM_HOOK):
+            for name in (_DENOISER_HOOK, _BLOCK_HOOK):
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)
@@ -539,6 +529,8 @@ class SixBitHandle:
                 del module._diffusers_hook
         if hasattr(self.transformer, "_diffusers_hook"):
             self.transformer._diffusers_hook.invalidate_child_registries_cache()
+        attention.uninstall(self._attn_processors)
+        self._attn_processors = []
         restore_linears(self.transformer, self._originals)
         self.modules = []
         self.weight_only_modules = []

@@ -44,17 +44,25 @@ def test_apply_remove_round_trip_is_bit_identical(pipe):
     assert torch.equal(generate(pipe), ref)
 
 
-def test_qk_norm_hook_attached_identical_on_cpu_and_removed(pipe):
-    """fast_qk_norm hooks every block's attn1.norm_q/norm_k (diffusers hook, no module swap); on the CPU it
-    falls back to F.layer_norm, so outputs are unchanged; remove() takes the hooks off again."""
+def test_fused_attention_processor_installed_identical_on_cpu_and_removed(pipe):
+    """fast_qk_norm gives every block's attn1 sixbit's fused q/k-norm + rotary processor (diffusers'
+    set_processor); on the CPU it calls the original processor, so outputs are unchanged; remove() puts the
+    original processors back."""
+    from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+
+    from sixbit.attention import FusedQKNormRopeProcessor
+
     ref = generate(pipe)
-    norms = [m for b in pipe.transformer.transformer_blocks for m in (b.attn1.norm_q, b.attn1.norm_k)]
+    attns = [b.attn1 for b in pipe.transformer.transformer_blocks]
+    originals = [a.processor for a in attns]
     with sixbit.apply(pipe, SixBitConfig.preset("off")):
-        assert all(sixbit.engine._NORM_HOOK in m._diffusers_hook.hooks for m in norms)
+        assert all(type(a.processor) is FusedQKNormRopeProcessor for a in attns)
+        assert [a.processor.original for a in attns] == originals
         assert torch.equal(generate(pipe), ref)
-    assert not any(hasattr(m, "_diffusers_hook") or "forward" in m.__dict__ for m in norms)
+    assert [a.processor for a in attns] == originals
+    assert all(type(a.processor) is CogVideoXAttnProcessor2_0 for a in attns)
     with sixbit.apply(pipe, SixBitConfig.preset("off", fast_qk_norm=False)):
-        assert not any(hasattr(m, "_diffusers_hook") for m in norms)
+        assert [a.processor for a in attns] == originals
 
 
 def test_everything_off_is_identical_to_plain_pipeline(pipe):

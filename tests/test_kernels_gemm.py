@@ -93,13 +93,14 @@ def test_gemm_w4a16(m, n, k, dtype, decode):
 
 @pytest.mark.parametrize("m,n,k", SHAPES + [(5, 24, 48)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gemm_w8a8(m, n, k, bias):
+@pytest.mark.parametrize("tma", [False, True])
+def test_gemm_w8a8(m, n, k, bias, tma):
     x, w, b = _data(m, n, k, seed=5 * m + n)
     b = b if bias else None
     w8 = F.quantize_int8(w)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     ref = q8.dequantize(torch.float32).cpu() @ w8.dequantize(torch.float32).T + (0 if b is None else b)
-    y = g8.gemm_w8a8(q8, w8.to(DEV), None if b is None else b.to(DEV), torch.float32)
+    y = g8.gemm_w8a8(q8, w8.to(DEV), None if b is None else b.to(DEV), torch.float32, tma=tma)
     assert _rel(y, ref) <= TOL
 
 
@@ -180,6 +181,11 @@ def test_gemm_w8a8_production_tiles():
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     ref = q8.dequantize(torch.float32).cpu() @ w8.dequantize(torch.float32).T + b
     assert _rel(g8.gemm_w8a8(q8, w8.to(DEV), b.to(DEV), torch.float32, config=g8.CUDA_CONFIG), ref) <= TOL
+    y = g8.gemm_w8a8(q8, w8.to(DEV), b.to(DEV), torch.float32, config=g8.CUDA_TMA_CONFIG, tma=True)
+    assert _rel(y, ref) <= TOL
+    with pytest.raises(ValueError, match="tma=True"):  # K not a multiple of 16
+        q = F.Int8Tensor(q8.data[:, :250].contiguous(), q8.scale, q8.orig_dtype)
+        g8.gemm_w8a8(q, F.Int8Tensor(w8.data[:, :250].contiguous(), w8.scale, w8.orig_dtype).to(DEV), tma=True)
 
 
 @pytest.mark.parametrize("ptx", [True, False])

@@ -62,3 +62,39 @@ def test_unsupported_inputs():
     assert not ln.supported(torch.zeros(4, 64), (4, 64))
     with pytest.raises(ValueError, match="unsupported"):
         ln.layer_norm_rows(torch.zeros(4, 64).t().to(DEV), None, None, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("start", [0, 5, 36])
+def test_rope_fused_matches_diffusers(dtype, start):
+    """``rope=(cos, sin, start)``: CogVideoX's ``q[:, :, start:] = apply_rotary_emb(q[:, :, start:], ...)``
+    after the norm — bit-exact against diffusers on the kernel's own normalized values, and within the
+    norm's one-ulp tolerance of the whole PyTorch chain."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    g = torch.Generator().manual_seed(3)
+    B, S, H, D = 2, 37, 3, 64
+    x = (torch.randn(B, S, H * D, generator=g) * 3).to(dtype)
+    x[1, 36] *= 1e3  # a huge token inside the rotated part
+    x[0, S - 1] = 0.0
+    xv = x.to(DEV).view(B, S, H, D).transpose(1, 2)
+    w, b = torch.randn(D, generator=g).to(dtype), torch.randn(D, generator=g).to(dtype)
+    ang = torch.randn(S - start, D // 2, generator=g) * 3
+    cos = ang.cos().repeat_interleave(2, dim=-1)
+    sin = ang.sin().repeat_interleave(2, dim=-1)
+    y = ln.layer_norm_rows(xv, w.to(DEV), b.to(DEV), 1e-6, rope=(cos.to(DEV), sin.to(DEV), start)).cpu()
+    plain = ln.layer_norm_rows(xv, w.to(DEV), b.to(DEV), 1e-6).cpu()
+    ref = plain.clone()
+    ref[:, :, start:] = apply_rotary_emb(plain[:, :, start:], (cos, sin))
+    assert torch.equal(y, ref)
+    # against PyTorch's whole chain (its own LayerNorm, then diffusers' rotary): one output ulp, ~2 for bf16
+    full = F.layer_norm(x.float().view(B, S, H, D).transpose(1, 2), (D,), w.float(), b.float(), 1e-6)
+    full[:, :, start:] = apply_rotary_emb(full[:, :, start:], (cos, sin))
+    tol = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-18
+    assert float((y.float() - full).abs().max()) <= tol * float(full.abs().max())
+
+
+def test_rope_rejects_mismatched_tables():
+    x = torch.zeros(1, 2, 10, 16).to(DEV)
+    with pytest.raises(ValueError, match="rotary tables"):
+        ln.layer_norm_rows(x, None, None, 1e-5, rope=(torch.ones(9, 16).to(DEV), torch.ones(9, 16).to(DEV), 2))

@@ -1,0 +1,92 @@
+"""The engine's per-block bookkeeping in one pass: the residual Δ, Γ's sums and TDC's delta-change sums.
+
+After a computed block the engine needs, per token stream (``sixbit/engine.py``):
+
+* ``Δ = out − in`` in the model's dtype (the cached delta; TDC),
+* ``‖Δ‖₁`` and ``‖in‖₁`` (Γ, ``sixbit/dmpq.py``), and, when a previous Δ is cached,
+* ``‖Δ − Δ_old‖₁`` and ``‖Δ_old‖₁`` (the change rate, ``sixbit/tdc.py``).
+
+In PyTorch that is a subtraction, a second subtraction into a temporary and four reductions: ten passes
+over a ``[2, 17550, 1920]`` tensor at CogVideoX-2B size. ``delta_stats`` reads ``out``, ``in`` and
+``Δ_old`` once and writes ``Δ`` once. Element values are the reference's: ``Δ`` is ``out − in`` rounded
+once to the model's dtype (what PyTorch's bf16 subtraction does), ``Δ − Δ_old`` is likewise rounded to the
+model's dtype before its absolute value, as ``l1(new − old)`` sees it. The sums are fp32 per program (a
+persistent grid; each lane accumulates a strided slice), added up in fp64 on the device: deterministic,
+but in another order than ``torch.linalg.vector_norm`` — equal to fp32 rounding, not bit for bit.
+Non-finite values propagate as in the reference (a NaN anywhere makes the sums NaN).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import cast_out, check_launchable, num_sms
+
+
+@triton.jit
+def _delta_stats_kernel(out_ptr, in_ptr, old_ptr, delta_ptr, part_ptr, N,
+                        BLOCK: tl.constexpr, HAS_OLD: tl.constexpr, WRITE: tl.constexpr, INTERP: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    dt = out_ptr.dtype.element_ty
+    a_d = tl.zeros((BLOCK,), dtype=tl.float32)
+    a_in = tl.zeros((BLOCK,), dtype=tl.float32)
+    a_ch = tl.zeros((BLOCK,), dtype=tl.float32)
+    a_old = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(pid * BLOCK, N, nprog * BLOCK):
+        offs = tl.arange(0, BLOCK).to(tl.int64) + start
+        m = offs < N
+        o = tl.load(out_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(in_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        d = cast_out(o - x, dt, INTERP)
+        if WRITE:
+            tl.store(delta_ptr + offs, d, mask=m)
+        df = d.to(tl.float32)
+        a_d += tl.abs(df)
+        a_in += tl.abs(x)
+        if HAS_OLD:
+            old = tl.load(old_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            a_ch += tl.abs(cast_out(df - old, dt, INTERP).to(tl.float32))
+            a_old += tl.abs(old)
+    base = part_ptr + pid * 4
+    tl.store(base, tl.sum(a_d, axis=0))
+    tl.store(base + 1, tl.sum(a_in, axis=0))
+    tl.store(base + 2, tl.sum(a_ch, axis=0))
+    tl.store(base + 3, tl.sum(a_old, axis=0))
+
+
+#: (elements per program step, num_warps, programs per SM) on CUDA
+CUDA_CONFIG = (2048, 8, 4)
+
+
+def supported(out: torch.Tensor, inp: torch.Tensor, old: torch.Tensor | None = None) -> bool:
+    """Whether :func:`delta_stats` takes these tensors: same shape and float dtype, contiguous, one device."""
+    ts = [out, inp] + ([old] if old is not None else [])
+    return (all(t.shape == out.shape and t.dtype == out.dtype and t.is_contiguous() for t in ts)
+            and out.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and len({t.device for t in ts}) == 1)
+
+
+def delta_stats(out: torch.Tensor, inp: torch.Tensor, old: torch.Tensor | None = None, *, write: bool = True,
+                config: tuple | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(Δ = out − in or None, sums)`` with ``sums`` an fp64 tensor ``[‖Δ‖₁, ‖in‖₁, ‖Δ − old‖₁, ‖old‖₁]``
+    (the last two 0 without ``old``); one read of each input, one write of ``Δ`` (``write=False``: none)."""
+    if not supported(out, inp, old):
+        raise ValueError(f"delta_stats: tensors must be contiguous, of one shape, float dtype and device; got "
+                         f"{[(tuple(t.shape), t.dtype, t.device) for t in (out, inp, old) if t is not None]}")
+    interp = check_launchable(out, inp, *([old] if old is not None else []))
+    block, nw, waves = config or ((256, 4, 1) if interp else CUDA_CONFIG)
+    n = out.numel()
+    delta = torch.empty_like(out) if write else None
+    grid = (max(1, min(triton.cdiv(n, block), num_sms(out.device) * waves)),)
+    part = torch.empty((grid[0], 4), dtype=torch.float32, device=out.device)
+    _delta_stats_kernel[grid](
+        out, inp, old if old is not None else out, delta if write else out, part, n,
+        BLOCK=block, HAS_OLD=old is not None, WRITE=write, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
+    )
+    return delta, part.to(torch.float64).sum(0)
+
+
+__all__ = ["delta_stats", "supported"]

@@ -1,0 +1,119 @@
+"""CogVideoX attention with the per-head q/k LayerNorm and the rotary embedding in one kernel.
+
+Engineering, not the method (config ``fast_qk_norm``, default on; CUDA only). diffusers'
+``CogVideoXAttnProcessor2_0`` normalizes q and k per head on the transposed ``[B, heads, S, 64]`` view
+(PyTorch copies it to contiguous, then one 64-element row per thread block) and then applies
+``apply_rotary_emb`` to the video tokens: about eight element-wise passes, several in fp32, plus a copy
+back into the normalized tensor. On the H200 these were ~12 % + ~6 % of a CogVideoX-2B denoising step
+(``benchmarks/results/step_profile_h200_2b*.md``). :class:`FusedQKNormRopeProcessor` runs the same
+attention with ``kernels/layernorm.py``'s ``layer_norm_rows(..., rope=...)``: one read of the strided
+q (k) view, one write of the normalized, rotated result, in the reference's arithmetic (see that module).
+
+It is installed with diffusers' own ``Attention.set_processor`` (no monkey-patching) on every attention
+whose processor is exactly ``CogVideoXAttnProcessor2_0``, and keeps that processor: any call the kernel
+does not cover — CPU tensors, an attention mask, no q/k LayerNorm, an unexpected rotary layout — runs the
+original processor unchanged, so CPU outputs are bit-identical to diffusers'. ``handle.remove()`` puts
+the original processors back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["FusedQKNormRopeProcessor", "install", "uninstall"]
+
+
+def _cogvideox_processor_type():
+    try:
+        from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+    except ImportError:  # pragma: no cover - diffusers without CogVideoX
+        return None
+    return CogVideoXAttnProcessor2_0
+
+
+class FusedQKNormRopeProcessor:
+    """``CogVideoXAttnProcessor2_0`` with q/k LayerNorm + rotary embedding fused (see the module docstring).
+
+    ``original``: the processor it replaces (called for everything the fast path does not cover).
+    ``kernels``: the ``sixbit_kernels.ops`` module. ``allow_cpu``: also take the fast path on CPU tensors
+    (only meaningful under ``TRITON_INTERPRET=1``; the tests use it)."""
+
+    def __init__(self, original, kernels, backend: str = "auto", *, allow_cpu: bool = False):
+        self.original = original
+        self.kernels = kernels
+        self.backend = backend
+        self.allow_cpu = allow_cpu
+
+    def _fast(self, attn, x: torch.Tensor, attention_mask, rope) -> bool:
+        if self.backend == "torch" or attention_mask is not None:
+            return False
+        if not (x.is_cuda or self.allow_cpu) or (x.is_cuda and self.kernels.compute_path(x.device) == "cuda-reference"):
+            return False
+        for norm in (attn.norm_q, attn.norm_k):
+            if type(norm) is not nn.LayerNorm or len(norm.normalized_shape) != 1:
+                return False
+        return rope is None or (isinstance(rope, (tuple, list)) and len(rope) == 2)
+
+    def _norm_rope(self, t: torch.Tensor, norm: nn.LayerNorm, rope, start: int) -> torch.Tensor:
+        k = self.kernels
+        if not k.layer_norm_supported(t, norm.normalized_shape):
+            out = F.layer_norm(t, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+            if rope is not None:
+                from diffusers.models.embeddings import apply_rotary_emb
+
+                out[:, :, start:] = apply_rotary_emb(out[:, :, start:], rope)
+            return out
+        r = None if rope is None else (rope[0], rope[1], start)
+        return k.layer_norm_rows(t, norm.weight, norm.bias, norm.eps, rope=r)
+
+    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                 attention_mask: torch.Tensor | None = None,
+                 image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if not self._fast(attn, hidden_states, attention_mask, image_rotary_emb):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask=attention_mask,
+                                 image_rotary_emb=image_rotary_emb)
+        text_len = encoder_hidden_states.size(1)
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        batch, seq, _ = hidden_states.shape
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(hidden_states)
+        value = attn.to_v(hidden_states)
+        head_dim = key.shape[-1] // attn.heads
+        if image_rotary_emb is not None and tuple(image_rotary_emb[0].shape) != (seq - text_len, head_dim):
+            raise ValueError(f"rotary tables of shape {tuple(image_rotary_emb[0].shape)} do not match "
+                             f"{seq - text_len} video tokens × head_dim {head_dim}")
+        query = query.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+        key = key.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+        value = value.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+        query = self._norm_rope(query, attn.norm_q, image_rotary_emb, text_len)
+        key = self._norm_rope(key, attn.norm_k, None if attn.is_cross_attention else image_rotary_emb, text_len)
+        out = F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, is_causal=False)
+        out = out.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)
+        out = attn.to_out[1](attn.to_out[0](out))
+        encoder_hidden_states, hidden_states = out.split([text_len, out.size(1) - text_len], dim=1)
+        return hidden_states, encoder_hidden_states
+
+
+def install(blocks, kernels, backend: str = "auto") -> list[tuple[nn.Module, object]]:
+    """Give every attention of ``blocks`` (``[(name, block)]``) that runs exactly diffusers'
+    ``CogVideoXAttnProcessor2_0`` a :class:`FusedQKNormRopeProcessor`; returns ``[(attention, original)]``
+    for :func:`uninstall`."""
+    cls = _cogvideox_processor_type()
+    done = []
+    if cls is None:
+        return done
+    for _, block in blocks:
+        for m in block.modules():
+            proc = getattr(m, "processor", None)
+            if type(proc) is cls and hasattr(m, "set_processor"):
+                m.set_processor(FusedQKNormRopeProcessor(proc, kernels, backend))
+                done.append((m, proc))
+    return done
+
+
+def uninstall(installed: list[tuple[nn.Module, object]]) -> None:
+    """Put the original processors back."""
+    for m, proc in installed:
+        m.set_processor(proc)
