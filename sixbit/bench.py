@@ -350,6 +350,7 @@ def speed_call(size: str, height: int = 480, width: int = 720, frames: int = 49)
 
 def speed(args) -> dict:
     import sixbit
+    from sixbit import attention
     from sixbit.tdc import SkipSchedule
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -379,7 +380,6 @@ def speed(args) -> dict:
             entry: dict[str, Any] = {"label": LABELS[name]}
             try:
                 if name in ENGINEERING_ONLY:
-                    from sixbit import attention
                     from sixbit.linear import ops
 
                     installed = attention.install(handle_blocks(tr), ops())
@@ -414,10 +414,7 @@ def speed(args) -> dict:
             finally:
                 if handle is not None:
                     handle.remove()
-                if installed:
-                    from sixbit import attention
-
-                    attention.uninstall(installed)
+                attention.uninstall(installed)
             rec["configs"][name] = entry
             print(f"[speed {size}] {name}: " + json.dumps({k: v for k, v in entry.items()
                                                          if k in ("denoise_s", "step_median_s", "skip_fraction",

@@ -396,6 +396,10 @@ class SixBitHandle:
             stats += [*tdc_rule.delta_change_sums(deltas, old)]
         return deltas, torch.stack([s.to(torch.float64) for s in stats])
 
+    def _outlier_count(self, x: torch.Tensor, k_sigma: float):
+        """``formats.outlier_count`` through the kernels (one read on the GPU): PDR's counter."""
+        return ops().outlier_count(x, k_sigma, self.cfg.backend)
+
     def _read(self, stats: list[torch.Tensor] | torch.Tensor) -> list[float]:
         t = stats.to(torch.float64) if torch.is_tensor(stats) else torch.stack([s.to(torch.float64) for s in stats])
         if self.reduce_stats is not None:
@@ -448,8 +452,7 @@ class SixBitHandle:
                 next_skip = not self.schedule.computed(cur.branch, i + 1, b)
             mode = None
             if pdr_rule.applies(cfg, i, cur.num_steps, next_skip):
-                count = lambda x, k: ops().outlier_count(x, k, cfg.backend)  # noqa: E731
-                c, tot = self._read(list(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma, count)))
+                c, tot = self._read(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma, self._outlier_count))
                 oratio = c / tot if tot else 0.0
                 if pdr_rule.purify(oratio, self.pdr_rho):
                     fired, mode, routes = True, "pdr", ["fp16"] * n

@@ -49,11 +49,11 @@ def applies(cfg, step: int, num_steps: int | None, next_skip: bool | None = None
     return reuse_window(step, num_steps, cfg)
 
 
-def outlier_sums(streams: list[torch.Tensor], k_sigma: float, count=outlier_count) -> torch.Tensor:
-    """``[outlier count, element count]`` over the streams as one fp64 tensor (all-reducible). ``count``:
+def outlier_sums(streams: list[torch.Tensor], k_sigma: float, counter=outlier_count) -> torch.Tensor:
+    """``[outlier count, element count]`` over the streams as one fp64 tensor (all-reducible). ``counter``:
     ``formats.outlier_count`` (the reference) or a kernel with its signature (the engine passes
     ``sixbit_kernels.ops.outlier_count``, one read per stream on the GPU)."""
-    counts = [count(s, k_sigma) for s in streams]
+    counts = [counter(s, k_sigma) for s in streams]
     total = sum(n for _, n in counts)
     count = sum(c for c, _ in counts)
     return torch.stack([count.to(torch.float64), torch.tensor(float(total), dtype=torch.float64, device=count.device)])
