@@ -303,15 +303,27 @@ def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE):
 
 
 #: (rows per register tile, num_warps, programs per SM) of the token-resident kernel on CUDA (persistent
-#: grid of SMs × programs); picked by benchmarks/kernels.py --tune on the H200
-CUDA_ROWS_CONFIG = (64, 4, 4)
+#: grid of SMs × programs) for rows of at most ``rows per tile`` chunks (one register-tile step per token);
+#: picked by benchmarks/kernels.py --tune on the H200
+CUDA_ROWS_CONFIG = (64, 4, 8)
+#: the same for longer rows (CogVideoX's 7680 / 12288 inputs of ff out): a bigger tile keeps a whole token
+#: in registers (one step, no re-read); H200, INT8 at K = 12288: 0.46 ms vs 0.78 with the short-row config
+CUDA_ROWS_CONFIG_LONG = (256, 4, 2)
+#: the outlier count alone (``STATS``, PDR's block-input check): a pure read; H200 at K = 1920: 0.055 ms
+#: with this config, 0.079 with the INT8 one above
+CUDA_STATS_CONFIG = (64, 4, 4)
 #: (rows per block, num_warps, programs per SM) of the NVFP4 tile kernel on CUDA
-CUDA_NVFP4_CONFIG = (128, 8, 2)
+CUDA_NVFP4_CONFIG = (64, 4, 4)
 
 
 def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, amax=None,
                  k_sigma=None, dense=False, config=None, round_codes=True):
-    rows_tile, nw, waves = config or ((ROWS_TILE, 4, 1) if interp else CUDA_ROWS_CONFIG)
+    if config is None and not interp:
+        if mode == MODE_STATS:
+            config = CUDA_STATS_CONFIG
+        else:
+            config = CUDA_ROWS_CONFIG if nchr <= CUDA_ROWS_CONFIG[0] else CUDA_ROWS_CONFIG_LONG
+    rows_tile, nw, waves = config or (ROWS_TILE, 4, 1)
     tok, g, nstep = rows_geometry(nchr, rows_tile)
     if nstep > 8:
         raise ValueError(f"K={K}: more than 8 register-tile steps per token ({nchr} chunks of {bk}, tile {rows_tile})")

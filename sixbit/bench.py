@@ -12,9 +12,10 @@ speed
     On a GPU at real CogVideoX sizes with random weights (49 frames 480×720, CFG batched, 50 steps): the
     bf16 diffusers baseline and each configuration, all in one run, timed over the denoising loop
     (``output_type="latent"``) with per-step times, plus peak memory and the transformer's resident weight
-    bytes. Random weights make TDC's own decisions meaningless, so the configurations with TDC replay the
-    skip schedule recorded on sixbit-mini (resampled to the model's depth and step count); the tables say
-    so. ``--pipeline-memory`` adds whole-pipeline memory (text encoder + transformer + VAE decode) for
+    bytes. Random weights make TDC's and DMPQ's own decisions meaningless, so the configurations with TDC
+    replay the schedule recorded on sixbit-mini with the full method — which blocks were skipped and, for
+    DMPQ configurations, each computed block's routes (NVFP4/INT8/16-bit) — resampled to the model's depth
+    and step count; the tables say so. ``--pipeline-memory`` adds whole-pipeline memory (text encoder + transformer + VAE decode) for
     the baseline and sixbit, each as it comes and with lean loading (text encoder offloaded after encoding,
     transformer and VAE brought to the device after it, tiled VAE decode), with the peak of each phase
     (:func:`pipeline_memory`; the lean sixbit row also stores the text encoder's weights in 4 bits).
@@ -361,7 +362,8 @@ def speed(args) -> dict:
         args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget))
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
     results["schedule"] = {"path": args.schedule, "source": sched.source if sched else None,
-                           "skip_fraction": sched.skip_fraction if sched else None}
+                           "skip_fraction": sched.skip_fraction if sched else None,
+                           "route_fractions": sched.route_fractions if sched else None}
     for size in args.sizes:
         t_build = time.perf_counter()
         pipe = random_cogvideox(size, device, dtype, text_encoder=True)
@@ -718,6 +720,14 @@ def _write_weights(rows: dict, args) -> None:
     write_results(args.name or "weights", payload, "\n".join(md), Path(args.out))
 
 
+def _route_note(sched: dict | None) -> str:
+    fr = (sched or {}).get("route_fractions")
+    if not fr:
+        return "when the schedule holds them (this one does not: DMPQ routed by Γ of the random weights)"
+    return ("recorded as " + ", ".join(f"{fr[r]:.0%} {r.upper() if r != 'fp16' else '16-bit'}"
+                                        for r in ("nvfp4", "int8", "fp16")) + " of the linear evaluations")
+
+
 def _write_speed(results: dict, out: Path, name: str | None) -> None:
     """Write ``<name>.json`` and the markdown table rendered from it (``python -m sixbit.bench render``
     re-renders a JSON file with the current renderer)."""
@@ -725,8 +735,9 @@ def _write_speed(results: dict, out: Path, name: str | None) -> None:
     md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
           "Denoising loop only (`output_type=\"latent\"`), CFG batched, after a 2-step warm-up. Random weights "
           "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
-          "sixbit-mini** with the full method (resampled to this depth and step count). DMPQ routes come from "
-          "Γ of the random model (uncalibrated). *peak GiB* is the allocator's peak over the denoising loop with the "
+          "sixbit-mini** with the full method (resampled to this depth and step count): which blocks are skipped "
+          "and, for the DMPQ configurations, each computed block's routes (NVFP4 / INT8 / 16-bit for PDR), "
+          f"{_route_note(results.get('schedule'))}. *peak GiB* is the allocator's peak over the denoising loop with the "
           "whole pipeline resident (the T5-XXL text encoder alone is 9.5 GB in bf16); TDC keeps one cached Δ per "
           "block and token stream, which is why configurations with TDC peak higher. *transformer weights* are "
           "the bytes the transformer keeps on the device: packed 4/8-bit weights plus the layers that stay 16-bit "

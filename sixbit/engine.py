@@ -447,15 +447,18 @@ class SixBitHandle:
         elif cfg.quant in _STATIC_ROUTE:
             mode, routes = "static", [_STATIC_ROUTE[cfg.quant]] * n
         else:
-            next_skip = None
+            next_skip, replayed = None, None
             if self.schedule is not None:
                 next_skip = not self.schedule.computed(cur.branch, i + 1, b)
+                replayed = self.schedule.block_routes(cur.branch, i, b, n)
             mode = None
             if pdr_rule.applies(cfg, i, cur.num_steps, next_skip):
                 c, tot = self._read(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma, self._outlier_count))
                 oratio = c / tot if tot else 0.0
-                if pdr_rule.purify(oratio, self.pdr_rho):
+                if pdr_rule.purify(oratio, self.pdr_rho) and replayed is None:
                     fired, mode, routes = True, "pdr", ["fp16"] * n
+            if replayed is not None:  # recorded routes (the live rule's cost above is still paid)
+                mode, routes = "replay", replayed
             if mode is None:
                 if bs.gamma is None or (bs.skipped_last and cfg.after_skip == "int8"):
                     mode, routes = ("after_skip" if bs.skipped_last else "no_gamma"), ["int8"] * n

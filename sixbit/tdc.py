@@ -27,6 +27,13 @@ A :class:`SkipSchedule` records the computed/skipped pattern (block × step, per
 replay it (``sixbit.apply(..., schedule=...)``), resampled to another depth or step count: the
 benchmarks record it on sixbit-mini and replay it at real CogVideoX sizes, where random weights would
 make TDC's own decisions meaningless.
+
+A schedule recorded by :meth:`sixbit.trace.Trace.skip_schedule` (format version 2) also holds the
+*routes* of every computed block evaluation — one letter per routed linear, ``n`` (NVFP4), ``i`` (INT8)
+or ``f`` (16-bit activations: warm-up, PDR) — because DMPQ's Γ-driven routes, like TDC's decisions, are
+meaningless on random weights. With routes, a DMPQ run replays them too (block mode ``replay``); PDR's
+outlier count is still computed where the live rule would compute it, so the replay costs what a live
+run costs, but the recorded route wins. A version-1 file (skips only) still loads.
 """
 
 from __future__ import annotations
@@ -80,22 +87,43 @@ def decide(state: BlockState, step: int, num_steps: int | None, cfg) -> bool:
 
 
 SCHEDULE_FORMAT = "sixbit-skip-schedule"
+ROUTE_CODES = {"nvfp4": "n", "int8": "i", "fp16": "f"}
+CODE_ROUTES = {v: k for k, v in ROUTE_CODES.items()}
+
+
+def _near(i: int, n_new: int, n_old: int) -> int:
+    """Nearest source index at the same relative position (first ↔ first, last ↔ last)."""
+    return 0 if n_new <= 1 or n_old <= 1 else round(i * (n_old - 1) / (n_new - 1))
 
 
 @dataclass
 class SkipSchedule:
-    """Which block evaluations were computed (True) or skipped (False): ``branches[name][step][block]``."""
+    """Which block evaluations were computed (True) or skipped (False): ``branches[name][step][block]``;
+    optionally ``routes[name][step][block]``: the route letters of a computed cell's linears ("" when
+    skipped or not recorded)."""
 
     num_blocks: int
     num_steps: int
     branches: dict[str, list[list[bool]]]
     source: dict[str, Any] = field(default_factory=dict)
+    routes: dict[str, list[list[str]]] | None = None
 
     def computed(self, branch: str, step: int, block: int) -> bool:
         pattern = self.branches.get(branch) or next(iter(self.branches.values()))
         if step >= len(pattern):
             return True
         return bool(pattern[step][block])
+
+    def block_routes(self, branch: str, step: int, block: int, n_linears: int) -> list[str] | None:
+        """The recorded routes of a computed cell for a block of ``n_linears`` routed linears (letters
+        resampled by relative position when the recording had another count), or None."""
+        if not self.routes:
+            return None
+        pattern = self.routes.get(branch) or next(iter(self.routes.values()))
+        if step >= len(pattern) or not pattern[step][block]:
+            return None
+        codes = pattern[step][block]
+        return [CODE_ROUTES[codes[_near(k, n_linears, len(codes))]] for k in range(n_linears)]
 
     @property
     def skip_fraction(self) -> float:
@@ -107,25 +135,32 @@ class SkipSchedule:
         relative depth and time (nearest neighbour). Keeps the skip fraction approximately."""
         num_steps = self.num_steps if num_steps is None else num_steps
 
-        def near(i, n_new, n_old):
-            return 0 if n_new <= 1 or n_old <= 1 else round(i * (n_old - 1) / (n_new - 1))
+        def grid(p, cast):
+            return [[cast(p[_near(t, num_steps, len(p))][_near(b, num_blocks, self.num_blocks)])
+                     for b in range(num_blocks)] for t in range(num_steps)]
 
-        branches = {
-            name: [
-                [bool(p[near(t, num_steps, len(p))][near(b, num_blocks, self.num_blocks)]) for b in range(num_blocks)]
-                for t in range(num_steps)
-            ]
-            for name, p in self.branches.items()
-        }
+        branches = {name: grid(p, bool) for name, p in self.branches.items()}
+        routes = None if self.routes is None else {name: grid(p, str) for name, p in self.routes.items()}
         src = {**self.source, "resampled_from": [self.num_blocks, self.num_steps]}
-        return SkipSchedule(num_blocks, num_steps, branches, src)
+        return SkipSchedule(num_blocks, num_steps, branches, src, routes)
+
+    @property
+    def route_fractions(self) -> dict[str, float]:
+        """Share of recorded linear evaluations per route (empty without routes)."""
+        letters = "".join(c for p in (self.routes or {}).values() for row in p for c in row)
+        return {r: letters.count(c) / len(letters) for r, c in ROUTE_CODES.items()} if letters else {}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": SCHEDULE_FORMAT, "version": 1, "num_blocks": self.num_blocks, "num_steps": self.num_steps,
+        d = {
+            "format": SCHEDULE_FORMAT, "version": 1 if self.routes is None else 2,
+            "num_blocks": self.num_blocks, "num_steps": self.num_steps,
             "branches": {k: [[int(c) for c in row] for row in v] for k, v in self.branches.items()},
             "skip_fraction": self.skip_fraction, "source": self.source,
         }
+        if self.routes is not None:
+            d["routes"] = self.routes
+            d["route_fractions"] = self.route_fractions
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SkipSchedule:
@@ -139,7 +174,20 @@ class SkipSchedule:
             branches[k] = [[bool(c) for c in r] for r in rows]
         if not branches:
             raise ValueError("skip schedule has no branches")
-        return cls(nb, ns, branches, d.get("source", {}))
+        routes = d.get("routes")
+        if routes is not None:
+            for k, rows in routes.items():
+                if k not in branches or len(rows) != ns or any(len(r) != nb for r in rows):
+                    raise ValueError(f"skip schedule routes {k!r}: expected a branch's {ns} steps × {nb} blocks")
+                for t, row in enumerate(rows):
+                    for b, codes in enumerate(row):
+                        if not isinstance(codes, str) or set(codes) - set(CODE_ROUTES):
+                            raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: {codes!r} is not "
+                                             f"a string of route letters {sorted(CODE_ROUTES)}")
+                        if codes and not branches[k][t][b]:
+                            raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: routes recorded "
+                                             "for a skipped cell")
+        return cls(nb, ns, branches, d.get("source", {}), routes)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

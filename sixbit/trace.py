@@ -22,7 +22,7 @@ Conventions:
   delta change rate (see ``sixbit.tdc``); ``acc_err`` the accumulated skip error after this step (0 after
   a computed step); ``outlier_ratio`` the block-input outlier ratio when PDR checked it, else null.
   ``mode`` says why the block ran as it did: ``warmup``, ``dmpq``, ``after_skip`` (INT8, no fresh Γ),
-  ``pdr``, ``static``, ``fp`` (quantization off), ``skip``.
+  ``pdr``, ``static``, ``fp`` (quantization off), ``skip``, ``replay`` (routes from a recorded schedule).
 * A step's ``blocks``/``routes``/``pred_err`` are those of its first CFG branch (``branch``); with
   separate CFG calls (Wan) the other branch is under ``other_branches``. The ``summary`` counts every
   branch: ``route_counts`` add up to steps × linears × branches, ``skip_fraction`` is over all block
@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sixbit.tdc import SkipSchedule
+from sixbit.tdc import ROUTE_CODES, SkipSchedule
 
 __all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "display_route", "json_safe"]
 
@@ -193,18 +193,20 @@ class Trace:
         }
 
     def skip_schedule(self) -> SkipSchedule:
-        """The computed/skipped pattern of this run, per branch (a block never reached counts as computed)."""
+        """The computed/skipped pattern of this run per branch (a block never reached counts as computed),
+        with the routes of every computed block evaluation (route letters, see :mod:`sixbit.tdc`)."""
         names: list[str] = []
         for st in self.steps:
             names += [n for n in st.branches if n not in names]
-        branches = {}
+        branches, routes = {}, {}
         for n in names:
-            rows = []
+            rows, rrows = [], []
             for st in self.steps:
                 br = st.branches.get(n)
-                rows.append([not (br is not None and b is not None and b["skipped"])
-                             for b in (br.blocks if br is not None else [None] * len(self.blocks))])
-            branches[n] = rows
+                blocks = br.blocks if br is not None else [None] * len(self.blocks)
+                rows.append([not (b is not None and b["skipped"]) for b in blocks])
+                rrows.append(["".join(ROUTE_CODES[br.routes[j]] for j in self.block_linears[b])
+                              if blk is not None and blk["computed"] else "" for b, blk in enumerate(blocks)])
+            branches[n], routes[n] = rows, rrows
         return SkipSchedule(len(self.blocks), len(self.steps), branches,
-                            {"model": self.model, "config": self.config, "device": self.device})
-
+                            {"model": self.model, "config": self.config, "device": self.device}, routes)

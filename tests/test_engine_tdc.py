@@ -183,6 +183,33 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
     assert h2.trace.to_dict()["summary"]["schedule_overrides"] == 0
     assert calls and set(calls) <= {2, 4}  # every decision statistic passes the reduce hook
     assert expected.resample(3).branches == sched.branches  # resampling back recovers the pattern
+    assert expected.resample(3).routes == sched.routes
+
+    # the recorded DMPQ/PDR routes are replayed too: every computed cell runs the recorded letters
+    rows = h2.trace.skip_schedule().routes["cond_uncond"]
+    assert rows == expected.routes["cond_uncond"]
+    modes = {b["mode"] for s in h2.trace.to_dict()["steps"] for b in s["blocks"]}
+    assert modes <= {"replay", "skip"} and "replay" in modes
+    assert set("".join(c for row in rows for c in row)) >= {"i", "n"}  # both routes occur
+
+
+def test_skip_schedule_routes_resample_validate_and_load_version_1():
+    sched = SkipSchedule(2, 2, {"c": [[True, False], [True, True]]}, routes={"c": [["nif", ""], ["nn", "i"]]})
+    d = sched.to_dict()
+    assert d["version"] == 2 and SkipSchedule.from_dict(d).routes == sched.routes
+    assert sched.block_routes("c", 0, 0, 3) == ["nvfp4", "int8", "fp16"]
+    assert sched.block_routes("c", 0, 0, 5) == ["nvfp4", "nvfp4", "int8", "fp16", "fp16"]  # by relative position
+    assert sched.block_routes("c", 0, 1, 3) is None and sched.block_routes("c", 9, 0, 3) is None
+    assert sched.block_routes("other", 1, 1, 2) == ["int8", "int8"]  # unknown branch: the first one
+    fr = sched.route_fractions
+    assert fr == {"nvfp4": 3 / 6, "int8": 2 / 6, "fp16": 1 / 6}
+    v1 = {k: v for k, v in d.items() if k not in ("routes", "route_fractions")} | {"version": 1}
+    old = SkipSchedule.from_dict(v1)
+    assert old.routes is None and old.block_routes("c", 0, 0, 3) is None and old.to_dict()["version"] == 1
+    for bad in ({"c": [["nx", ""], ["n", "i"]]}, {"c": [["n", "i"], ["n", "i"]]}, {"c": [["n", ""]]},
+                {"z": [["n", ""], ["n", "i"]]}):
+        with pytest.raises(ValueError, match="routes"):
+            SkipSchedule.from_dict(d | {"routes": bad})
 
 
 def test_after_skip_route_can_use_the_last_measured_gamma():
