@@ -5,8 +5,9 @@ quality
     (FP16, static W8A8, static W4A4, DMPQ only, TDC only, DMPQ+TDC without PDR, full), many prompts ×
     seeds: PSNR/SSIM against the FP16 video of the same prompt and seed, temporal flicker, flow score and
     its error vs FP16, prompt adherence (sixbit-mini's judge), average activation bits, fraction of block
-    evaluations skipped, wall time. Mean and spread per configuration. It also records the full method's
-    skip schedule, which ``speed`` replays at real sizes.
+    evaluations skipped, PDR firings, wall time. Mean and spread per configuration. It also records the
+    full method's skip schedule, which ``speed`` replays at real sizes. ``--tdc-threshold``/``--tdc-budget``
+    and ``--pdr-rho`` override those settings in every configuration that uses TDC / PDR (sweeps).
 
 speed
     On a GPU at real CogVideoX sizes with random weights (49 frames 480×720, CFG batched, 50 steps): the
@@ -41,8 +42,12 @@ import torch
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 #: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
-QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "dmpq_tdc_stream",
-                   "full_stream")
+QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "full_same_skips",
+                   "dmpq_tdc_stream", "full_stream")
+#: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
+#: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
+#: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)
+SAME_SKIPS = {"full_same_skips": "dmpq_tdc"}
 SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc",
                  "full_stream", "full_w8a8")
 #: rows that are not a preset: (preset, overrides). W8A8+TDC is the fastest pairing on Hopper, which has
@@ -53,13 +58,15 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
 EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "dmpq_tdc_stream": ("dmpq_tdc", dict(fp_weights="stream")),
                  "full_stream": ("full", dict(fp_weights="stream")),
-                 "full_w8a8": ("full", dict(int8_route="w8a8"))}
+                 "full_w8a8": ("full", dict(int8_route="w8a8")),
+                 "full_same_skips": ("full", {})}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
     "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)", "w8a8_tdc": "static W8A8 + TDC",
     "dmpq_tdc_stream": "DMPQ+TDC, no PDR · FP16 weights streamed",
     "full_stream": "full 6Bit · FP16 weights streamed",
+    "full_same_skips": "full 6Bit · DMPQ+TDC's skips replayed (PDR's effect alone)",
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies)",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }
@@ -161,6 +168,9 @@ def quality(args) -> dict:
     configs = [c for c in (args.configs or QUALITY_CONFIGS)]
     if configs[0] != "fp16":
         configs = ["fp16", *[c for c in configs if c != "fp16"]]
+    for row, src in SAME_SKIPS.items():
+        if row in configs and (src not in configs or configs.index(src) > configs.index(row)):
+            raise SystemExit(f"quality row {row!r} replays the skips of {src!r}: list {src!r} before it")
 
     def generate(prompt, seed, callback=None):
         g = torch.Generator("cpu").manual_seed(seed)
@@ -174,16 +184,25 @@ def quality(args) -> dict:
     total = len(configs) * len(prompts) * len(seeds)
     done = 0
     overrides = _tdc_overrides(args.tdc_threshold, args.tdc_budget)
+    pdr_over = {} if args.pdr_rho is None else {"pdr_rho": args.pdr_rho}
+    skips: dict[str, dict[tuple[int, int], Any]] = {src: {} for src in SAME_SKIPS.values()}
     for cfg_name in configs:
         handle = None
+        replay = SAME_SKIPS.get(cfg_name)
         if cfg_name != "fp16":
             cfg = make_config(cfg_name)
-            if cfg.tdc and overrides:
-                cfg = make_config(cfg_name, **overrides)
-            handle = sixbit.apply(pipe, cfg)
+            extra = {**(overrides if cfg.tdc else {}), **(pdr_over if cfg.pdr else {})}
+            if extra:
+                cfg = make_config(cfg_name, **extra)
+            if replay is None:
+                handle = sixbit.apply(pipe, cfg)
         try:
             for pi, prompt in enumerate(prompts):
                 for seed in seeds:
+                    if replay is not None:  # one handle per run: the schedule is this prompt's and seed's
+                        if handle is not None:
+                            handle.remove()
+                        handle = sixbit.apply(pipe, cfg, schedule=skips[replay][(pi, seed)])
                     video, wall = generate(prompt, seed)
                     rec: dict[str, Any] = {"prompt": prompt, "seed": seed, "time_s": wall}
                     rec["adherence"] = judge(video, prompt).adherence * 100.0
@@ -201,6 +220,10 @@ def quality(args) -> dict:
                                    pdr_count=summ["pdr_count"])
                         if cfg_name == "full" and schedule is None:
                             schedule = handle.trace.skip_schedule()
+                        if cfg_name in skips:
+                            rec_sched = handle.trace.skip_schedule()
+                            rec_sched.routes = None  # skips only: the replaying row routes live
+                            skips[cfg_name][(pi, seed)] = rec_sched
                     rows[cfg_name].append(rec)
                     done += 1
                     print(f"[quality {done}/{total}] {cfg_name:9s} seed={seed} psnr={rec['psnr']:.2f} "
@@ -211,10 +234,11 @@ def quality(args) -> dict:
                 handle.remove()
 
     metrics = ("psnr", "ssim", "flow_error", "flow_score", "flicker", "adherence", "avg_act_bits", "skip_fraction",
-               "time_s")
+               "pdr_count", "time_s")
     summary = {c: {m: _stats([r.get(m) for r in rows[c]]) for m in metrics} for c in configs}
     env = environment(device)
     payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "tdc_overrides": overrides,
+               "pdr_overrides": pdr_over,
                "prompts": prompts,
                "seeds": seeds, "environment": env, "summary": summary, "runs": rows}
     if schedule is not None:
@@ -230,14 +254,16 @@ def quality(args) -> dict:
           "4-bit weights × 16-bit activations (the default `fp_weights=\"cpu\"`), except in the rows marked "
           "*FP16 weights streamed* (`fp_weights=\"stream\"`: the original weights, copied from host memory).", "",
           "| configuration | PSNR dB ↑ | SSIM ↑ | flow err ↓ | flow score | flicker | adherence % | act bits | "
-          "skipped | time s |", "|---|---|---|---|---|---|---|---|---|---|"]
+          "skipped | PDR / run | time s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in configs:
         s = summary[c]
         md.append(f"| {LABELS[c]} | {_fmt(s['psnr'])} | {_fmt(s['ssim'], 3)} | {_fmt(s['flow_error'], 3)} | "
                   f"{_fmt(s['flow_score'], 3)} | {_fmt(s['flicker'], 4)} | {_fmt(s['adherence'], 1)} | "
-                  f"{_fmt(s['avg_act_bits'])} | {_fmt(s['skip_fraction'])} | {_fmt(s['time_s'])} |")
+                  f"{_fmt(s['avg_act_bits'])} | {_fmt(s['skip_fraction'])} | {_fmt(s['pdr_count'], 1)} | "
+                  f"{_fmt(s['time_s'])} |")
     md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items())
-           + (("; TDC overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())) if overrides else ""),
+           + (("; TDC overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())) if overrides else "")
+           + (f"; PDR ρ override: {args.pdr_rho}" if pdr_over else ""),
            "", _env_md(env), ""]
     write_results(args.name or "quality_mini", payload, "\n".join(md), Path(args.out))
     print("\n".join(md))
@@ -790,6 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--configs", nargs="*", choices=QUALITY_CONFIGS)
     q.add_argument("--tdc-threshold", type=float, default=None, help="override for every configuration with TDC")
     q.add_argument("--tdc-budget", type=float, default=None, help="override for every configuration with TDC")
+    q.add_argument("--pdr-rho", type=float, default=None,
+                   help="PDR's outlier-ratio threshold ρ for every configuration with PDR (default: the policy's)")
     q.add_argument("--device", default=None)
     q.add_argument("--out", default=str(RESULTS))
     q.add_argument("--name", default=None)

@@ -19,12 +19,17 @@ def out(tmp_path_factory):
 
 
 def test_quality_smoke_on_sixbit_mini(out, one_thread):
-    bench.main(["quality", "--prompts", "1", "--seeds", "1", "--steps", "4", "--configs", "fp16", "w4a4", "full",
+    bench.main(["quality", "--prompts", "1", "--seeds", "1", "--steps", "6", "--configs", "fp16", "w4a4", "full",
+                "dmpq_tdc", "full_same_skips", "--pdr-rho", "0", "--tdc-threshold", "10", "--tdc-budget", "10",
                 "--out", str(out), "--name", "q"])
     data = json.loads((out / "q.json").read_text())
     md = (out / "q.md").read_text()
-    assert set(data["summary"]) == {"fp16", "w4a4", "full"}
-    assert [len(data["runs"][c]) for c in ("fp16", "w4a4", "full")] == [1, 1, 1]
+    rows = ("fp16", "w4a4", "full", "dmpq_tdc", "full_same_skips")
+    assert set(data["summary"]) == set(rows)
+    assert [len(data["runs"][c]) for c in rows] == [1] * 5
+    # full_same_skips replays dmpq_tdc's skips exactly (its own TDC would skip differently: PDR is on)
+    same, src = data["runs"]["full_same_skips"][0], data["runs"]["dmpq_tdc"][0]
+    assert 0 < same["skip_fraction"] == src["skip_fraction"] and same["pdr_count"] > 0 == src["pdr_count"]
     # the reference compared with itself is identical; the all-NVFP4 run is not, and reports 4.5 bits
     assert math.isinf(data["runs"]["fp16"][0]["psnr"]) and data["summary"]["fp16"]["psnr"]["n"] == 0
     w4 = data["summary"]["w4a4"]
@@ -36,6 +41,14 @@ def test_quality_smoke_on_sixbit_mini(out, one_thread):
     for label in ("FP16/FP32 (reference)", "static W4A4 (all NVFP4)", "full 6Bit (DMPQ+TDC+PDR)"):
         assert f"| {label} |" in md
     assert (out / "q_schedule.json").exists()  # the full method's skip pattern, for the speed benchmark
+    # --pdr-rho reaches the configurations with PDR only; PDR firings are a column
+    assert data["pdr_overrides"] == {"pdr_rho": 0.0} and "PDR ρ override: 0.0" in md and "| PDR / run |" in md
+    assert data["summary"]["w4a4"]["pdr_count"]["mean"] == 0 and data["summary"]["full"]["pdr_count"]["n"] == 1
+
+
+def test_quality_same_skips_row_needs_its_source_first(out):
+    with pytest.raises(SystemExit, match="dmpq_tdc"):
+        bench.main(["quality", "--prompts", "1", "--configs", "fp16", "full_same_skips", "--out", str(out)])
 
 
 def test_speed_smoke_at_tiny_size(out, one_thread):
