@@ -127,7 +127,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
     if fingerprint is None:  # before the weights are used
         fingerprint = transformer_fingerprint(getattr(pipe, "name_or_path", None))
     cfg = SixBitConfig(quant="dmpq", tdc=False, pdr=False, warmup_steps=1000, fp_weights="device",
-                       hadamard_block=hadamard_block, policy=None, trace_linear_outliers=False)
+                       hadamard_block=hadamard_block, policy=None)
     handle = apply(pipe, cfg)
     names = handle.linear_names
     block_of = [b for b, idx in enumerate(handle.block_linear_idx) for _ in idx]

@@ -185,7 +185,7 @@ class SixBitConfig:
     )
     trace_linear_outliers: bool = _f(
         False, "Record each layer's input outlier ratio in the trace (counted by the quantize kernels, no extra "
-        "sync, but not free: on the H200 the count makes the INT8 quantize ~1.4× slower). A diagnostic, not part "
+        "sync, but not free: on the H200 the count makes the INT8 quantize 1.5–1.8× slower). A diagnostic, not part "
         "of the method: PDR counts its block-input outliers separately.",
         label="Trace layer outliers",
     )
