@@ -14,6 +14,12 @@ No TDC (every block computed), so the table is the cost of one computed block st
 
     python benchmarks/step_profile.py --size 2b --out benchmarks/results/step_profile_h200_2b
 
+DMPQ routes by Γ of the random weights unless ``--schedule`` gives a recorded schedule with routes
+(``benchmarks/results/schedule_mini.json``): then the configurations with TDC (``full``, ``full_w8a8``, …)
+replay its routes with every block computed (``SkipSchedule.dense``: a skipped cell takes the routes of
+the nearest computed step), i.e. the full method's computed step with sixbit-mini's route mix, including
+TDC's per-block bookkeeping.
+
 Writes ``<out>.json`` and ``<out>.md``.
 """
 
@@ -82,6 +88,8 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--skip", type=int, default=2, help="steps before the profiled ones")
     ap.add_argument("--out", default="benchmarks/results/step_profile_h200_2b")
+    ap.add_argument("--schedule", default=None,
+                    help="recorded schedule with routes: replayed, every block computed, by configurations with TDC")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("step_profile.py needs a CUDA GPU")
@@ -95,11 +103,17 @@ def main():
                 guidance_scale=6.0, generator=torch.Generator("cpu").manual_seed(0))
     res = {"environment": bench.environment(dev), "size": args.size, "steps": args.steps, "skip": args.skip,
            "command": "python " + " ".join(sys.argv), "configs": {}}
+    dense = None
+    if args.schedule:
+        dense = sixbit.SkipSchedule.load(args.schedule).dense()
+        dense = dense.resample(len(bench.handle_blocks(pipe.transformer)), args.steps)
+        res["schedule"] = {"path": args.schedule, "route_fractions": dense.route_fractions}
     for name in args.configs:
         handle = None
         try:
             if name != "bf16":
-                handle = sixbit.apply(pipe, bench.make_config(name))
+                cfg = bench.make_config(name)
+                handle = sixbit.apply(pipe, cfg, schedule=dense if dense is not None and cfg.tdc else None)
             pipe(**call, num_inference_steps=2, output_type="latent")  # compile / autotune, not profiled
             res["configs"][name] = profile(pipe, call, args.steps, args.skip)
             print(name, json.dumps(res["configs"][name]["ms_per_step"]), flush=True)
@@ -116,7 +130,11 @@ def main():
     env = res["environment"]
     L = [f"# Where a denoising step's GPU time goes — CogVideoX-{args.size.upper()} size, 49×480×720, CFG batched", "",
          f"CUDA kernel time per step (ms) from `torch.profiler`, averaged over {args.steps - args.skip} steps after "
-         f"{args.skip}; random weights, every block computed (no TDC). `{res['command']}`", "",
+         f"{args.skip}; random weights, every block computed (no TDC). "
+         + (f"Configurations with TDC replay the routes of `{args.schedule}` (every block computed; "
+            + ", ".join(f"{v:.0%} {k}" for k, v in res["schedule"]["route_fractions"].items()) + "). "
+            if dense is not None else "DMPQ routes by Γ of the random weights. ")
+         + f"`{res['command']}`", "",
          "| configuration | " + " | ".join(CATEGORIES) + " | total |", "|---" * (len(CATEGORIES) + 2) + "|"]
     for name, r in res["configs"].items():
         if "error" in r:

@@ -144,6 +144,26 @@ class SkipSchedule:
         src = {**self.source, "resampled_from": [self.num_blocks, self.num_steps]}
         return SkipSchedule(num_blocks, num_steps, branches, src, routes)
 
+    def dense(self) -> SkipSchedule:
+        """Every cell computed, each with recorded routes: a skipped cell takes the routes of the nearest
+        computed step of the same block and branch (the earlier one on a tie). For profiling the method's
+        computed step with realistic routes (``benchmarks/step_profile.py --schedule``)."""
+        if not self.routes:
+            raise ValueError("dense() needs a schedule with routes (format version 2)")
+        routes = {}
+        for name, rows in self.routes.items():
+            dense_rows = []
+            for t in range(len(rows)):
+                row = []
+                for b in range(self.num_blocks):
+                    near = [rows[u][b] for d in range(len(rows)) for u in (t - d, t + d)
+                            if 0 <= u < len(rows) and rows[u][b]]
+                    row.append(near[0] if near else "")
+                dense_rows.append(row)
+            routes[name] = dense_rows
+        branches = {name: [[True] * self.num_blocks for _ in rows] for name, rows in self.branches.items()}
+        return SkipSchedule(self.num_blocks, self.num_steps, branches, {**self.source, "dense": True}, routes)
+
     @property
     def route_fractions(self) -> dict[str, float]:
         """Share of recorded linear evaluations per route (empty without routes)."""

@@ -192,6 +192,15 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
     assert modes <= {"replay", "skip"} and "replay" in modes
     assert set("".join(c for row in rows for c in row)) >= {"i", "n"}  # both routes occur
 
+    # dense(): every block computed, every cell replaying recorded routes (the step profile's mode)
+    h2.remove()
+    h3 = sixbit.apply(other, replay_cfg, schedule=expected.dense())
+    generate(other, num_inference_steps=8)
+    d3 = h3.trace.to_dict()
+    assert d3["summary"]["skip_fraction"] == 0
+    assert {b["mode"] for s in d3["steps"] for b in s["blocks"]} == {"replay"}
+    h3.remove()
+
 
 def test_skip_schedule_routes_resample_validate_and_load_version_1():
     sched = SkipSchedule(2, 2, {"c": [[True, False], [True, True]]}, routes={"c": [["nif", ""], ["nn", "i"]]})
@@ -206,6 +215,11 @@ def test_skip_schedule_routes_resample_validate_and_load_version_1():
     v1 = {k: v for k, v in d.items() if k not in ("routes", "route_fractions")} | {"version": 1}
     old = SkipSchedule.from_dict(v1)
     assert old.routes is None and old.block_routes("c", 0, 0, 3) is None and old.to_dict()["version"] == 1
+    d2 = SkipSchedule(2, 3, {"c": [[True, True], [False, False], [True, False]]},
+                      routes={"c": [["nn", "ii"], ["", ""], ["ff", ""]]}).dense()
+    assert d2.skip_fraction == 0 and d2.routes["c"] == [["nn", "ii"], ["nn", "ii"], ["ff", "ii"]]
+    with pytest.raises(ValueError, match="routes"):
+        old.dense()
     for bad in ({"c": [["nx", ""], ["n", "i"]]}, {"c": [["n", "i"], ["n", "i"]]}, {"c": [["n", ""]]},
                 {"z": [["n", ""], ["n", "i"]]}):
         with pytest.raises(ValueError, match="routes"):
