@@ -400,8 +400,8 @@ class SixBitHandle:
         """``formats.outlier_count`` through the kernels (one read on the GPU): PDR's counter."""
         return ops().outlier_count(x, k_sigma, self.cfg.backend)
 
-    def _read(self, stats: list[torch.Tensor] | torch.Tensor) -> list[float]:
-        t = stats.to(torch.float64) if torch.is_tensor(stats) else torch.stack([s.to(torch.float64) for s in stats])
+    def _read(self, stats: torch.Tensor) -> list[float]:
+        t = stats.to(torch.float64)
         if self.reduce_stats is not None:
             t = self.reduce_stats(t)
         return t.tolist()

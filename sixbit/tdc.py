@@ -156,9 +156,8 @@ class SkipSchedule:
             for t in range(len(rows)):
                 row = []
                 for b in range(self.num_blocks):
-                    near = [rows[u][b] for d in range(len(rows)) for u in (t - d, t + d)
-                            if 0 <= u < len(rows) and rows[u][b]]
-                    row.append(near[0] if near else "")
+                    row.append(next((rows[u][b] for d in range(len(rows)) for u in (t - d, t + d)
+                                     if 0 <= u < len(rows) and rows[u][b]), ""))
                 dense_rows.append(row)
             routes[name] = dense_rows
         branches = {name: [[True] * self.num_blocks for _ in rows] for name, rows in self.branches.items()}
