@@ -61,8 +61,8 @@ SHAPES = [
 ]
 TUNE_SHAPES = [("2B", "qkv (fused)", 1920, 5760), ("5B", "ff out", 12288, 3072)]
 #: the activation widths each token-resident quantize config serves (N unused)
-ROW_SHAPES = {"rows": [("2B", "qkv", 1920, 0), ("5B", "qkv", 3072, 0)],
-              "rows_long": [("2B", "ff out", 7680, 0), ("5B", "ff out", 12288, 0)]}
+ROW_SHAPES = {"rows": [("2B", "qkv", 1920, 0)],
+              "rows_long": [("5B", "qkv", 3072, 0), ("2B", "ff out", 7680, 0), ("5B", "ff out", 12288, 0)]}
 
 TUNE = {
     "w4_dense": (g4.A_DENSE, [(256, 128, 64, 8, 8, 4, True), (256, 128, 128, 8, 8, 2, True),
@@ -71,13 +71,19 @@ TUNE = {
                                (256, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4), (128, 256, 128, 8, 8, 2)]),
     "w8a8": (None, [(128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3), (128, 128, 128, 8, 4, 3),
                     (128, 128, 128, 8, 4, 2)]),
-    "w8a8_tma": (None, [(128, 256, 128, 8, 8, 3), (128, 256, 128, 8, 8, 4), (256, 128, 128, 8, 8, 3),
-                        (256, 128, 128, 8, 8, 4), (128, 128, 128, 8, 4, 3), (128, 128, 128, 8, 4, 4)]),
-    # token-resident quantize: rows of one register-tile step (K 1920, 3072) and long rows (7680, 12288)
+    "w8a8_tma": (None, [(128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3), (128, 128, 64, 8, 4, 5),
+                        (128, 128, 128, 4, 4, 3), (128, 128, 128, 8, 4, 3), (128, 128, 128, 16, 4, 3)]),
+    # token-resident quantize: short rows (K 1920) and long rows (3072, 7680, 12288)
     "rows": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4), (128, 4, 4), (64, 4, 8), (32, 4, 8)]),
-    "rows_long": (None, [(256, 8, 2), (256, 8, 1), (256, 8, 4), (256, 4, 2), (128, 8, 2), (128, 4, 4)]),
+    "rows_long": (None, [(256, 4, 2), (256, 4, 4), (256, 8, 2), (256, 8, 4), (128, 4, 4), (128, 4, 8)]),
     "nvfp4_tiles": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4)]),
 }
+
+#: vendor 8-bit GEMMs at the same shapes, for scale: what cuBLAS does with the same operand sizes
+CUBLAS_INT8 = "  reference: cuBLAS int8 torch._int_mm (int32 out; no scales, no bias)"
+CUBLAS_FP8 = "  reference: cuBLAS fp8 e4m3 torch._scaled_mm, row/column scales, bias, bf16 out"
+TMA_GEMM = "W8A8 int8 GEMM (TMA descriptors)"
+Q_INT8 = "int8 (codes int8)"
 
 LOG: list[str] = []
 DEV = "cuda"  # --smoke: "cpu" (triton interpreter, tiny shapes; checks the script, measures nothing)
@@ -97,6 +103,16 @@ def bench(fn, rep: int) -> float:
         return (time.perf_counter() - t0) * 1e3
     torch.cuda.synchronize()
     return float(do_bench(fn, warmup=max(10, rep // 4), rep=rep, return_mode="median"))
+
+
+def _with(mod, name, value, fn, *args, **kw):
+    """``fn(*args, **kw)`` with ``mod.name`` set to ``value`` for the call (variant rows of one kernel)."""
+    old = getattr(mod, name)
+    setattr(mod, name, value)
+    try:
+        return fn(*args, **kw)
+    finally:
+        setattr(mod, name, old)
 
 
 def _empty_cache():
@@ -248,7 +264,9 @@ def _quantize_at(M, K, rep, hb, copy_gbs, rows):
     x = gen((M, K), 11, outlier_cols=(3, K // 3))
     e = M * K
     cases = [
-        ("int8 (codes int8)", lambda: hq.quantize_int8_act(x, hb), 2 * e + e + 4 * M, None),
+        (Q_INT8, lambda: hq.quantize_int8_act(x, hb), 2 * e + e + 4 * M, None),
+        ("int8 (codes int8), one padded tile per token (no two-tile split)",
+         lambda: _with(hq, "ROWS_SPLIT", False, hq.quantize_int8_act, x, hb), 2 * e + e + 4 * M, None),
         ("int8 (codes int8) + outlier count", lambda: hq.quantize_int8_act(x, hb, 8.0), 2 * e + e + 4 * M, None),
         ("int8 (codes as fp16, Hopper W4A8 operand)", lambda: hq.quantize_int8_act(x, hb, dense=True),
          2 * e + 2 * e + 4 * M, None),
@@ -310,10 +328,17 @@ def _gemms_at(M, model, layer, K, N, rep, hb, rows, checks):
     split, _ = hq.rotate_split(x, hb)
     s16, _ = hq.scale16_act(x, hb)
     wdec = g4.decode_weight(w4)
+    x8, w8t = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn).t()
+    ones_m, ones_n = torch.ones(M, 1, device=DEV), torch.ones(1, N, device=DEV)
     cases = [
         ("bf16 cuBLAS F.linear", lambda: torch.nn.functional.linear(x, wb, bb), None),
         ("W8A8 int8 GEMM", lambda: g8.gemm_w8a8(q8, w8, b, tma=False), (q8, w8)),
         ("W8A8 int8 GEMM (TMA descriptors)", lambda: g8.gemm_w8a8(q8, w8, b, tma=True), (q8, w8)),
+        ("  W8A8 int8 GEMM (TMA loads, pointer-store epilogue)",
+         lambda: _with(g8, "TMA_STORE", False, g8.gemm_w8a8, q8, w8, b, tma=True), None),
+        (CUBLAS_INT8, lambda: torch._int_mm(q8.data, w8.data.t()), None),
+        (CUBLAS_FP8, lambda: torch._scaled_mm(x8, w8t, scale_a=ones_m, scale_b=ones_n, bias=bb,
+                                              out_dtype=torch.bfloat16), None),
         ("W4A4 (packed 4-bit A, decoded in-kernel)", lambda: g4.gemm_w4(qa, w4, b), (qa, w4)),
         ("W4A4 (A as exact fp16, W decoded per tile)", lambda: g4.gemm_w4(da4, w4, b, decode="tile"), (da4, w4)),
         ("W4A4 (A as exact fp16, W decoded once)", lambda: g4.gemm_w4(da4, w4, b, decode="once"), (da4, w4, "once")),
@@ -531,6 +556,7 @@ def write_md(results, path: Path):
         if results.get("gemm_checks"):
             L += ["Full-shape spot checks (first 256 rows, fp32 out, vs dequantized reference): "
                   + ", ".join(f"{c['kernel']} {c['K']}→{c['N']}: {c['rel_err']:.1e}" for c in results["gemm_checks"]), ""]
+    L += _w8a8_bound(results)
     if "quantize" in results:
         L += ["## Fused quantize (Hadamard + quantize; rows marked + outlier count also count outliers, k_sigma 8)", "",
               "Best of three `do_bench` medians per kernel (single ~0.1 ms medians varied by up to 1.5× between runs). "
@@ -568,8 +594,8 @@ def write_md(results, path: Path):
         L += [f"| {r['K']}→{r['N']} | {r['nvfp4_bits_per_weight']:.6f} | {r['int8_bits_per_weight']:.6f} |" for r in bits]
         L.append("")
     if "tuning" in results:
-        L += ["## Tile configs tried (`--tune`; ms on 1920→5760 and 12288→3072; rows: K 1920, 3072; rows_long: "
-              "K 7680, 12288)", ""]
+        L += ["## Tile configs tried (`--tune`; ms on 1920→5760 and 12288→3072; rows: K 1920; rows_long: "
+              "K 3072, 7680, 12288)", ""]
         for name, t in results["tuning"].items():
             cands = "; ".join(
                 f"{tuple(c['config'])}: " + (", ".join(f"{v:.3f}" for v in c["ms"].values()) if "ms" in c else c["error"][:60])
@@ -579,6 +605,34 @@ def write_md(results, path: Path):
     if results.get("errors"):
         L += ["## Errors", "", "```", *results["errors"], "```", ""]
     path.write_text("\n".join(L))
+
+
+def _w8a8_bound(results):
+    """W8A8 end to end against what its two parts allow: the GEMM alone plus the INT8 quantize, measured and
+    at device-copy speed (the least a separate pass over the activations can take)."""
+    lin = {(r["K"], r["N"], r["route"]): r for r in results.get("linear", []) if "ms" in r}
+    gem = {(r["K"], r["N"], r["kernel"]): r for r in results.get("gemm", []) if "ms" in r}
+    qnt = {r["K"]: r for r in results.get("quantize", []) if r.get("kernel") == Q_INT8 and "ms" in r}
+    copy = results.get("ceilings", {}).get("copy_GBps")
+    rows = []
+    for model, _, K, N in SHAPES:
+        try:
+            bf, e2e = lin[(K, N, "bf16 cuBLAS")]["ms"], lin[(K, N, "w8a8")]["ms"]
+            g, q = gem[(K, N, TMA_GEMM)]["ms"], qnt[K]["ms"]
+        except KeyError:
+            continue
+        qc = (3 * results["M"] * K + 4 * results["M"]) / (copy * 1e9) * 1e3
+        fp8 = gem.get((K, N, CUBLAS_FP8), {}).get("ms")
+        rows.append(f"| {model} | {K}→{N} | {bf:.3f} | {e2e:.3f} ({bf / e2e:.2f}×) | {g:.3f} | {q:.3f} | {qc:.3f} | "
+                    f"{bf / (g + qc):.2f}× | {f'{fp8:.3f}' if fp8 else ''} |")
+    if not rows or not copy:
+        return []
+    return ["## W8A8: end to end against its parts", "",
+            "bf16 and W8A8 end to end from the first table; GEMM alone (TMA) and INT8 quantize from their own "
+            "sections (same run). *Bound*: bf16 ÷ (GEMM alone + the quantize's bytes at device-copy speed) — the "
+            "most a separate quantize pass in front of this GEMM can give.", "",
+            "| model | K→N | bf16 ms | W8A8 q+GEMM ms | GEMM alone ms | quantize ms | quantize at copy speed ms | "
+            "bound | cuBLAS fp8 GEMM ms |", "|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def main():

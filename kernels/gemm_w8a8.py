@@ -8,8 +8,8 @@ kernel). Both operands are K-major (``[rows, K]`` row-major), the layout Hopper'
 FACTS.md: cuBLAS int8 through ``torch._int_mm`` is no faster than bf16 on the H200, a plain Triton int8
 GEMM reached 1.47-1.6x bf16 — hence this kernel. Two forms of the same loop: operands read through TMA
 tensor descriptors (the default, :data:`TMA`) or with pointer loads (any K; the interpreter tests both).
-Measured at the CogVideoX shapes, GEMM alone (benchmarks/results/kernels_h200.md): TMA 1.58-1.76x bf16
-cuBLAS, pointer loads 1.41-1.69x.
+Measured at the CogVideoX shapes, GEMM alone (benchmarks/results/kernels_h200.md): TMA 1.68-2.08x bf16
+cuBLAS, pointer loads 1.44-1.94x; cuBLAS fp8 ``torch._scaled_mm`` in the same run 1.54-1.99x.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ def _gemm_w8a8_kernel(
 
 
 @triton.jit
-def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr,
-                   HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
-    """``acc · s_token · s_channel (+ bias)`` in fp32, one rounding to the output dtype, masked store."""
+def _w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS: tl.constexpr):
+    """``acc · s_token · s_channel (+ bias)`` in fp32 (rows/columns past the edge read wrapped-around
+    scales: they are masked or clipped at the store)."""
     rm = (offs_m % M).to(tl.int64)
     rn = (offs_n % N).to(tl.int64)
     sa = tl.load(sa_ptr + rm)
@@ -66,6 +66,14 @@ def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_pt
     y = acc.to(tl.float32) * sa[:, None] * sw[None, :]
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    return y
+
+
+@triton.jit
+def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr,
+                   HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
+    """The fp32 rescale, one rounding to the output dtype, masked pointer store."""
+    y = _w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS)
     o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(out_ptr + o_off, cast_out(y, out_ptr.dtype.element_ty, INTERP), mask=omask)
@@ -73,14 +81,15 @@ def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_pt
 
 @triton.jit
 def _gemm_w8a8_tma_kernel(
-    a_desc, w_desc, sa_ptr, sw_ptr, bias_ptr, out_ptr,
+    a_desc, w_desc, o_desc, sa_ptr, sw_ptr, bias_ptr, out_ptr,
     M, N, K, stride_om,
-    HAS_BIAS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     """The same GEMM with both operands read through TMA tensor descriptors (zero-filled out of bounds,
-    so no K masks): the copy engine feeds shared memory and the warps only issue wgmma."""
+    so no K masks): the copy engine feeds shared memory and the warps only issue wgmma. With
+    ``TMA_STORE`` the output tile leaves through a descriptor too (rows past M clipped by the copy engine)."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
@@ -91,7 +100,11 @@ def _gemm_w8a8_tma_kernel(
         acc = tl.dot(a, tl.trans(w), acc, out_dtype=tl.int32)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
+    if TMA_STORE:
+        o_desc.store([m0, n0], cast_out(_w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS),
+                                        o_desc.dtype, INTERP))
+    else:
+        _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
 
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), picked by ``benchmarks/kernels.py --tune``
@@ -100,9 +113,13 @@ def _gemm_w8a8_tma_kernel(
 CUDA_CONFIG = (128, 128, 128, 8, 4, 3)
 INTERP_CONFIG = (32, 32, 32, 4, 4, 1)
 #: the TMA kernel's config on CUDA (same fields), picked by ``--tune`` on the H200 like the one above
-CUDA_TMA_CONFIG = (128, 128, 128, 8, 4, 3)
-#: ``tma=None`` calls use the TMA kernel where the operands allow it: on the H200 it measured 1.58-1.76x
-#: bf16 cuBLAS against 1.41-1.69x for pointer loads (GEMM alone; benchmarks/results/kernels_h200.md)
+CUDA_TMA_CONFIG = (128, 128, 128, 16, 4, 3)
+#: the TMA kernel writes its output tile through a descriptor as well where the row pitch allows
+#: (N · itemsize a multiple of 16 bytes); ``False``: always the masked pointer store. benchmarks/kernels.py
+#: times both (GEMMs alone, benchmarks/results/kernels_h200.md)
+TMA_STORE = True
+#: ``tma=None`` calls use the TMA kernel where the operands allow it: on the H200 it measured 1.68-2.08x
+#: bf16 cuBLAS against 1.44-1.94x for pointer loads (GEMM alone; benchmarks/results/kernels_h200.md)
 TMA = True
 
 
@@ -144,11 +161,13 @@ def gemm_w8a8(
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
+        tma_store = TMA_STORE and (N * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+        o_desc = TensorDescriptor.from_tensor(out, [bm, bn]) if tma_store else None
         _gemm_w8a8_tma_kernel[grid](
-            TensorDescriptor.from_tensor(qa, [bm, bk]), TensorDescriptor.from_tensor(qw, [bn, bk]),
+            TensorDescriptor.from_tensor(qa, [bm, bk]), TensorDescriptor.from_tensor(qw, [bn, bk]), o_desc,
             sa, sw, bias if bias is not None else sa, out, M, N, K, out.stride(0),
-            HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp,
-            num_warps=nw, num_stages=ns,
+            HAS_BIAS=bias is not None, TMA_STORE=tma_store, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
+            INTERP=interp, num_warps=nw, num_stages=ns,
         )
         return out
     _gemm_w8a8_kernel[grid](

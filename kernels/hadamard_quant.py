@@ -5,8 +5,10 @@ Two kernels; neither writes the rotated tensor to memory:
 ``_rows_kernel`` (token-resident). A program owns ``TOK`` whole tokens (rows of ``x [M, K]``). K is cut
 into chunks of ``BK`` (≤ 128) columns; a step loads ``G`` chunks of each of the ``TOK`` tokens as one
 ``[TOK * G, BK]`` register tile (row ``i`` is chunk ``i % G`` of token ``i // G``; ``G`` a power of two,
-padding masked) and rotates it with one tensor-core dot against a block-diagonal ±1 matrix. When a token
-fits in one step (K ≤ 128 · G: every CogVideoX width except 12288 at the default tile) the kernel has whole
+padding masked; a one-step row that would leave over 1/8 of the tile as padding — 48 or 192 chunks — is
+two tiles of ``G`` and ``G2`` chunks per token instead, 32 + 16 or 128 + 64) and rotates it with one
+tensor-core dot against a block-diagonal ±1 matrix. When a token
+fits in one step (every CogVideoX width on the CUDA configs) the kernel has whole
 rows in registers: per-token amax (INT8 scale) and RMS (outlier threshold) need no second read. Otherwise
 a second pass re-reads the program's own ``TOK * K`` values, which are still in L2, so DRAM sees one read.
 Modes:
@@ -118,57 +120,82 @@ def _tok_expand(v, TOK: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def _rows_load(x_ptr, blk, c0, M, K, stride_xm, h,
+               ROTATE: tl.constexpr, HB: tl.constexpr, INV_SQRT: tl.constexpr,
+               TOK: tl.constexpr, GG: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+    """Chunks ``c0 .. c0 + GG - 1`` of the ``TOK`` tokens of block ``blk`` as one ``[TOK * GG, BK]`` tile (row
+    ``i`` is chunk ``c0 + i % GG`` of token ``i // GG``), and its rotation (fp32; ``x`` itself without ``ROTATE``)."""
+    i = tl.arange(0, TOK * GG)
+    tok64 = (blk * TOK + i // GG).to(tl.int64)
+    kk = (c0 + i % GG)[:, None] * BK + tl.arange(0, BK)[None, :]
+    valid = (tok64[:, None] < M) & (kk < K)
+    x = tl.load(x_ptr + tok64[:, None] * stride_xm + kk, mask=valid, other=0.0)
+    if ROTATE:
+        r = rotate(x, h, HB, INV_SQRT, INTERP)
+    else:
+        r = x
+    return x, r, kk, valid, tok64
+
+
+@triton.jit
+def _rows_stats(x, r, kk, valid, tok64, q_ptr, stride_qm, K, amax_tok, sumsq,
+                MODE: tl.constexpr, OUTLIERS: tl.constexpr, TOK: tl.constexpr, GG: tl.constexpr):
+    """Pass 1 on one tile: per-token amax bits (INT8) and sum of squares (outliers) folded into the running
+    ``[TOK]`` vectors — reductions go row → token on small per-row vectors, so the tile is never re-laid
+    out — and ``SPLIT``'s stores, which need no statistics."""
+    if OUTLIERS:
+        xf = x.to(tl.float32)
+        sumsq += _tok_reduce(tl.sum(xf * xf, axis=1), TOK, GG, False)
+    if MODE == 0:
+        amax_tok = tl.maximum(amax_tok, _tok_reduce(tl.max(absbits(r), axis=1), TOK, GG, True))
+    elif MODE == 2:  # rotated rows as a bf16 pair, stored [hi | lo] along the row
+        hi = r.to(tl.bfloat16)
+        lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
+        tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
+        tl.store(q_ptr + tok64[:, None] * stride_qm + K + kk, lo, mask=valid)
+    return amax_tok, sumsq
+
+
+@triton.jit
 def _rows_kernel(
     x_ptr, q_ptr, scale_ptr, amax_ptr, count_ptr,
     M, K, stride_xm, stride_qm, k_sigma,
     MODE: tl.constexpr, DENSE: tl.constexpr, OUTLIERS: tl.constexpr, ROUND: tl.constexpr,
     HB: tl.constexpr, INV_SQRT: tl.constexpr,
-    TOK: tl.constexpr, G: tl.constexpr, NSTEP: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr,
+    TOK: tl.constexpr, G: tl.constexpr, G2: tl.constexpr, NSTEP: tl.constexpr, BK: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
-    # persistent: a program walks token blocks pid, pid + nprog, ...; the Hadamard matrix is built once
+    # persistent: a program walks token blocks pid, pid + nprog, ...; the Hadamard matrix is built once.
+    # G2 > 0 (one step only): a token's chunks are two tiles of G and G2 rows per token (e.g. 48 = 32 + 16),
+    # so a row length that is not a power-of-two number of chunks wastes no lanes on padding
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     nblk = tl.cdiv(M, TOK)
     h = make_h(x_ptr.dtype.element_ty, BK, HB)
-    R: tl.constexpr = TOK * G
-    i = tl.arange(0, R)
-    g = i % G
-    col = tl.arange(0, BK)
+    ROT: tl.constexpr = MODE != 3
     n = 0
     gmax = 0
     for blk in range(pid, nblk, nprog):
-        tok = blk * TOK + i // G
-        tok64 = tok.to(tl.int64)
-        rowmask = tok[:, None] < M
-        xrow = x_ptr + tok64[:, None] * stride_xm
-
-        # ---- pass 1: statistics (and the outputs that need none); reductions go row → token on small
-        #      per-row vectors, so the tile itself is never re-laid out
+        # ---- pass 1: statistics (and the outputs that need none)
         amax_tok = tl.zeros((TOK,), dtype=tl.int32)
         sumsq = tl.zeros((TOK,), dtype=tl.float32)
         for s in tl.static_range(NSTEP):
-            kk = (s * G + g)[:, None] * BK + col[None, :]
-            valid = rowmask & (kk < K)
-            x = tl.load(xrow + kk, mask=valid, other=0.0)
-            if MODE != 3:
-                r = rotate(x, h, HB, INV_SQRT, INTERP)  # fp32 [R, BK]
-            else:
-                r = x
-            if OUTLIERS:
-                xf = x.to(tl.float32)
-                sumsq += _tok_reduce(tl.sum(xf * xf, axis=1), TOK, G, False)
-            if MODE == 0:
-                amax_tok = tl.maximum(amax_tok, _tok_reduce(tl.max(absbits(r), axis=1), TOK, G, True))
-            elif MODE == 1:
+            x, r, kk, valid, tok64 = _rows_load(x_ptr, blk, s * G, M, K, stride_xm, h, ROT, HB, INV_SQRT,
+                                                TOK, G, BK, INTERP)
+            amax_tok, sumsq = _rows_stats(x, r, kk, valid, tok64, q_ptr, stride_qm, K, amax_tok, sumsq,
+                                          MODE, OUTLIERS, TOK, G)
+            if MODE == 1:
                 gmax = tl.maximum(gmax, tl.max(tl.max(absbits(r), axis=1), axis=0))
-            elif MODE == 2:  # rotated rows as a bf16 pair, stored [hi | lo] along the row
-                hi = r.to(tl.bfloat16)
-                lo = (r - hi.to(tl.float32)).to(tl.bfloat16)
-                tl.store(q_ptr + tok64[:, None] * stride_qm + kk, hi, mask=valid)
-                tl.store(q_ptr + tok64[:, None] * stride_qm + K + kk, lo, mask=valid)
+        if G2 > 0:
+            x2, r2, kk2, valid2, tok2 = _rows_load(x_ptr, blk, G, M, K, stride_xm, h, ROT, HB, INV_SQRT,
+                                                   TOK, G2, BK, INTERP)
+            amax_tok, sumsq = _rows_stats(x2, r2, kk2, valid2, tok2, q_ptr, stride_qm, K, amax_tok, sumsq,
+                                          MODE, OUTLIERS, TOK, G2)
+            if MODE == 1:
+                gmax = tl.maximum(gmax, tl.max(tl.max(absbits(r2), axis=1), axis=0))
 
         # ---- per-token results
-        inv_r = tl.zeros((R,), dtype=tl.float32)
+        inv = tl.zeros((TOK,), dtype=tl.float32)
         if MODE == 0:
             amax = amax_tok.to(tl.float32, bitcast=True)
             amax_safe = tl.where(amax == 0.0, 127.0, amax)
@@ -178,25 +205,24 @@ def _rows_kernel(
             scale = tl.where(amax_tok < 0x7F800000, scale, float("nan"))
             t1 = blk * TOK + tl.arange(0, TOK)
             tl.store(scale_ptr + t1, scale, mask=t1 < M)
-            inv_r = _tok_expand(inv, TOK, G)
-        thr_r = tl.zeros((R,), dtype=tl.float32)
+        thr = tl.zeros((TOK,), dtype=tl.float32)
         if OUTLIERS:
-            thr_r = _tok_expand(k_sigma * tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32))), TOK, G)
+            thr = k_sigma * tl.sqrt_rn(tl.math.div_rn(sumsq, K.to(tl.float32)))
 
-        # ---- pass 2: codes and outlier hits (a single step reuses the tile in registers; more steps
+        # ---- pass 2: codes and outlier hits (a single step reuses the tiles in registers; more steps
         #      re-read this block's rows, TOK * K values, which are still in L2)
         if MODE == 0 or OUTLIERS:
+            inv_r = _tok_expand(inv, TOK, G)
+            thr_r = _tok_expand(thr, TOK, G)
             if NSTEP == 1:
                 n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS, ROUND)
+                if G2 > 0:
+                    n += _rows_tail(x2, r2, kk2, valid2, tok2, stride_qm, q_ptr, _tok_expand(inv, TOK, G2),
+                                    _tok_expand(thr, TOK, G2), MODE, DENSE, OUTLIERS, ROUND)
             else:
                 for s in tl.static_range(NSTEP):
-                    kk = (s * G + g)[:, None] * BK + col[None, :]
-                    valid = rowmask & (kk < K)
-                    x = tl.load(xrow + kk, mask=valid, other=0.0)
-                    if MODE == 0:
-                        r = rotate(x, h, HB, INV_SQRT, INTERP)
-                    else:
-                        r = x
+                    x, r, kk, valid, tok64 = _rows_load(x_ptr, blk, s * G, M, K, stride_xm, h, MODE == 0, HB,
+                                                        INV_SQRT, TOK, G, BK, INTERP)
                     n += _rows_tail(x, r, kk, valid, tok64, stride_qm, q_ptr, inv_r, thr_r, MODE, DENSE, OUTLIERS, ROUND)
     if MODE == 1:
         tl.atomic_max(amax_ptr, gmax)
@@ -296,19 +322,39 @@ def _prep(x2d: torch.Tensor, hadamard_block: int | None):
     return x2d.contiguous(), M, K, hb, bk, nchr, interp
 
 
-def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE):
-    """(TOK tokens per program, G chunks per step, NSTEP steps) for a row of ``nchr`` chunks."""
-    g = min(triton.next_power_of_2(nchr), rows_tile)
-    return max(1, rows_tile // g), g, triton.cdiv(nchr, g)
+#: cut padded one-step rows into two tiles (:func:`rows_geometry`); ``False`` pads them (for comparisons)
+ROWS_SPLIT = True
+
+
+def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE, split: bool = True):
+    """(TOK tokens per program, G and G2 chunks per step, NSTEP steps) for a row of ``nchr`` chunks.
+
+    ``TOK * next_pow2(nchr)`` rows fill the register tile. A row that takes one step but would leave more
+    than 1/8 of the padded tile idle (CogVideoX-5B's 48 chunks of 64 → 64, 12288's 192 → 256) is cut into
+    two power-of-two tiles instead, ``G = next_pow2(nchr) / 2`` and ``G2`` for the rest (48 = 32 + 16), as
+    long as the second tile keeps the 16 rows a tensor-core dot needs; otherwise ``G2 = 0``."""
+    gp = triton.next_power_of_2(nchr)
+    g = min(gp, rows_tile)
+    tok = max(1, rows_tile // g)
+    nstep = triton.cdiv(nchr, g)
+    if split and nstep == 1 and g > 1 and 8 * nchr < 7 * g:
+        g2 = triton.next_power_of_2(nchr - g // 2)
+        if tok * g2 >= 16:
+            return tok, g // 2, g2, 1
+    return tok, g, 0, nstep
 
 
 #: (rows per register tile, num_warps, programs per SM) of the token-resident kernel on CUDA (persistent
-#: grid of SMs × programs) for rows of at most ``rows per tile`` chunks (one register-tile step per token);
+#: grid of SMs × programs) for rows of at most :data:`ROWS_SHORT_MAX` chunks (CogVideoX-2B's 1920);
 #: picked by benchmarks/kernels.py --tune on the H200
 CUDA_ROWS_CONFIG = (64, 4, 8)
-#: the same for longer rows (CogVideoX's 7680 / 12288 inputs of ff out): a bigger tile keeps a whole token
-#: in registers (one step, no re-read); H200, INT8 at K = 12288: 0.46 ms vs 0.78 with the short-row config
+#: the same for longer rows (3072, 7680, 12288): a bigger tile keeps a whole token in registers (one step,
+#: no re-read) and leaves the two-tile split (:func:`rows_geometry`) tiles of 64+ rows — smaller split tiles
+#: measured slower than padding. H200, INT8: K = 12288 0.46 ms (one padded 256-row tile) → 0.37 (128 + 64);
+#: K = 12288 with the short-row config 0.78 ms
 CUDA_ROWS_CONFIG_LONG = (256, 4, 2)
+#: rows of up to this many chunks take :data:`CUDA_ROWS_CONFIG`
+ROWS_SHORT_MAX = 32
 #: the outlier count alone (``STATS``, PDR's block-input check): a pure read; H200 at K = 1920: 0.055 ms
 #: with this config, 0.079 with the INT8 one above
 CUDA_STATS_CONFIG = (64, 4, 4)
@@ -322,9 +368,9 @@ def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, ama
         if mode == MODE_STATS:
             config = CUDA_STATS_CONFIG
         else:
-            config = CUDA_ROWS_CONFIG if nchr <= CUDA_ROWS_CONFIG[0] else CUDA_ROWS_CONFIG_LONG
+            config = CUDA_ROWS_CONFIG if nchr <= ROWS_SHORT_MAX else CUDA_ROWS_CONFIG_LONG
     rows_tile, nw, waves = config or (ROWS_TILE, 4, 1)
-    tok, g, nstep = rows_geometry(nchr, rows_tile)
+    tok, g, g2, nstep = rows_geometry(nchr, rows_tile, ROWS_SPLIT)
     if nstep > 8:
         raise ValueError(f"K={K}: more than 8 register-tile steps per token ({nchr} chunks of {bk}, tile {rows_tile})")
     count = torch.zeros((), dtype=torch.int32, device=x.device) if k_sigma is not None else None
@@ -337,7 +383,7 @@ def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, ama
         count if count is not None else dummy,
         M, K, x.stride(0), stride_q, float(k_sigma) if k_sigma is not None else 0.0,
         MODE=mode, DENSE=dense, OUTLIERS=k_sigma is not None, ROUND=round_codes, HB=hb, INV_SQRT=_inv_sqrt(hb),
-        TOK=tok, G=g, NSTEP=nstep, BK=bk, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
+        TOK=tok, G=g, G2=g2, NSTEP=nstep, BK=bk, INTERP=interp, num_warps=nw, enable_fp_fusion=False,
     )
     return count
 

@@ -188,6 +188,25 @@ def test_gemm_w8a8_production_tiles():
         g8.gemm_w8a8(q, F.Int8Tensor(w8.data[:, :250].contiguous(), w8.scale, w8.orig_dtype).to(DEV), tma=True)
 
 
+@pytest.mark.parametrize("n", [136, 36])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gemm_w8a8_tma_store_equals_pointer_store(n, dtype, monkeypatch):
+    """The descriptor-store epilogue (rows past M clipped by the copy engine) writes exactly what the masked
+    pointer store writes, for every output dtype; a row pitch that is not 16-byte aligned (36 bf16/fp16
+    columns) falls back to the pointer store."""
+    x, w, b = _data(70, n, 256, seed=n)
+    w8 = F.quantize_int8(w).to(DEV)
+    q8, _ = hq.quantize_int8_act(x.to(DEV))
+    cfg = (32, 32, 64, 4, 4, 1)
+    monkeypatch.setattr(g8, "TMA_STORE", True)
+    y_desc = g8.gemm_w8a8(q8, w8, b.to(DEV), dtype, config=cfg, tma=True)
+    monkeypatch.setattr(g8, "TMA_STORE", False)
+    y_ptr = g8.gemm_w8a8(q8, w8, b.to(DEV), dtype, config=cfg, tma=True)
+    assert y_desc.dtype == dtype and torch.equal(y_desc, y_ptr)
+    ref = q8.dequantize(torch.float32).cpu() @ w8.dequantize(torch.float32).cpu().T + b
+    assert _rel(y_desc, ref) <= (TOL if dtype == torch.float32 else 1e-2)
+
+
 @pytest.mark.parametrize("ptx", [True, False])
 def test_decoded_weights_are_exact_halves(ptx, monkeypatch):
     """The in-kernel decode (bit placement × scale·2**7) reproduces E2M1 × bs exactly: an identity GEMM.

@@ -234,7 +234,7 @@ def test_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("hb", [None, 64])
-def test_multi_step_rows_equal_single_step(hb):
+def test_multi_step_rows_equal_single_step(hb, monkeypatch):
     """A small register tile forces several steps per token (second pass re-reads the rows): results must
     be bit-identical to the one-step kernel for every mode."""
     x = _rand(9, 3072, seed=31, scale=2.0)  # 24 or 48 chunks: tile 16 → 2-3 steps; tile 128 → 1 step
@@ -251,9 +251,28 @@ def test_multi_step_rows_equal_single_step(hb):
     sb, _ = hq.rotate_split(xd, hb, config=many)
     assert torch.equal(sa.hilo, sb.hilo)
     assert int(hq.outlier_count(xd, 4.0, config=many)) == int(ac)
+    monkeypatch.setattr(hq, "ROWS_SPLIT", False)  # `one` pads instead of splitting: same bits
+    c8, cc = hq.quantize_int8_act(xd, hb, k_sigma=4.0, config=one)
+    assert torch.equal(a8.data, c8.data) and torch.equal(a8.scale, c8.scale) and int(ac) == int(cc)
     ref = F.quantize_int8(F.block_hadamard(x, hb) if hb else x.float())
     if hb is None:
         _assert_int8_equal(b8, ref)
+
+
+def test_rows_geometry_splits_padded_rows():
+    """One-step rows that would pad the register tile by more than 1/8 become two power-of-two tiles per
+    token (no idle lanes); rows that pad little, take several steps, or would leave the second tile under
+    the 16 rows of a tensor-core dot keep one tile."""
+    assert hq.rows_geometry(30, 64) == (2, 32, 0, 1)  # K 1920 / 64: 32 rows, 2 idle
+    assert hq.rows_geometry(48, 64) == (1, 32, 16, 1)  # K 3072 / 64: 32 + 16, was 64 with 16 idle
+    assert hq.rows_geometry(120, 256) == (2, 128, 0, 1)  # K 7680
+    assert hq.rows_geometry(192, 256) == (1, 128, 64, 1)  # K 12288: 128 + 64, was 256 with 64 idle
+    assert hq.rows_geometry(48, 16) == (1, 16, 0, 3)  # several steps: no split
+    assert hq.rows_geometry(33, 64) == (1, 64, 0, 1)  # the rest (1 chunk) would be a 1-row tile
+    assert hq.rows_geometry(48, 64, split=False) == (1, 64, 0, 1)
+    for nchr in range(1, 300):
+        tok, g, g2, nstep = hq.rows_geometry(nchr, 128)
+        assert tok * (g + g2) <= 128 and (g + g2) * nstep >= nchr and (g2 == 0 or tok * g2 >= 16)
 
 
 def test_e2m1_encode_matches_spec_on_ties_and_neighbours():
