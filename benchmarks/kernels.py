@@ -76,7 +76,8 @@ TUNE = {
     # token-resident quantize: short rows (K 1920) and long rows (3072, 7680, 12288)
     "rows": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4), (128, 4, 4), (64, 4, 8), (32, 4, 8)]),
     "rows_long": (None, [(256, 4, 2), (256, 4, 4), (256, 8, 2), (256, 8, 4), (128, 4, 4), (128, 4, 8)]),
-    "nvfp4_tiles": (None, [(64, 8, 4), (128, 8, 2), (64, 4, 4)]),
+    "nvfp4_tiles": (None, [(64, 4, 4), (64, 8, 4), (128, 8, 2), (32, 4, 8), (32, 2, 8), (64, 2, 8), (64, 4, 8),
+                           (128, 4, 4), (128, 4, 2), (256, 8, 2)]),
 }
 
 #: vendor 8-bit GEMMs at the same shapes, for scale: what cuBLAS does with the same operand sizes

@@ -235,7 +235,7 @@ CUDA_CONFIGS = {
 }
 INTERP_CONFIG = (32, 32, 32, 4, 4, 1, False)
 #: decode-once GEMM (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) on CUDA / in the interpreter
-CUDA_DENSE_W_CONFIG = (256, 128, 64, 8, 8, 4)
+CUDA_DENSE_W_CONFIG = (256, 128, 64, 8, 8, 3)
 INTERP_DENSE_W_CONFIG = (32, 32, 32, 4, 4, 1)
 #: ``decode="auto"`` decodes the weight once per call (into a transient 16-bit ``[N, K]`` buffer) when the
 #: activation has at least this many rows and is 16-bit (not packed 4-bit / int8 codes): the decode then

@@ -8,8 +8,8 @@ kernel). Both operands are K-major (``[rows, K]`` row-major), the layout Hopper'
 FACTS.md: cuBLAS int8 through ``torch._int_mm`` is no faster than bf16 on the H200, a plain Triton int8
 GEMM reached 1.47-1.6x bf16 — hence this kernel. Two forms of the same loop: operands read through TMA
 tensor descriptors (the default, :data:`TMA`) or with pointer loads (any K; the interpreter tests both).
-Measured at the CogVideoX shapes, GEMM alone (benchmarks/results/kernels_h200.md): TMA 1.68-2.08x bf16
-cuBLAS, pointer loads 1.44-1.94x; cuBLAS fp8 ``torch._scaled_mm`` in the same run 1.54-1.99x.
+Measured at the CogVideoX shapes, GEMM alone (benchmarks/results/kernels_h200.md): TMA 1.60-2.11x bf16
+cuBLAS, pointer loads 1.28-1.93x; cuBLAS fp8 ``torch._scaled_mm`` in the same run 1.36-1.98x.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ CUDA_TMA_CONFIG = (128, 128, 128, 16, 4, 3)
 #: (N · itemsize a multiple of 16 bytes); ``False``: always the masked pointer store. benchmarks/kernels.py
 #: times both (GEMMs alone, benchmarks/results/kernels_h200.md)
 TMA_STORE = True
-#: ``tma=None`` calls use the TMA kernel where the operands allow it: on the H200 it measured 1.68-2.08x
-#: bf16 cuBLAS against 1.44-1.94x for pointer loads (GEMM alone; benchmarks/results/kernels_h200.md)
+#: ``tma=None`` calls use the TMA kernel where the operands allow it: on the H200 it measured 1.60-2.11x
+#: bf16 cuBLAS against 1.28-1.93x for pointer loads (GEMM alone; benchmarks/results/kernels_h200.md)
 TMA = True
 
 
