@@ -7,10 +7,10 @@ into chunks of ``BK`` (≤ 128) columns; a step loads ``G`` chunks of each of th
 ``[TOK * G, BK]`` register tile (row ``i`` is chunk ``i % G`` of token ``i // G``; ``G`` a power of two,
 padding masked; a one-step row that would leave over 1/8 of the tile as padding — 48 or 192 chunks — is
 two tiles of ``G`` and ``G2`` chunks per token instead, 32 + 16 or 128 + 64) and rotates it with one
-tensor-core dot against a block-diagonal ±1 matrix. When a token
-fits in one step (every CogVideoX width on the CUDA configs) the kernel has whole
-rows in registers: per-token amax (INT8 scale) and RMS (outlier threshold) need no second read. Otherwise
-a second pass re-reads the program's own ``TOK * K`` values, which are still in L2, so DRAM sees one read.
+tensor-core dot against a block-diagonal ±1 matrix. When a token fits in one step (every CogVideoX width on
+the CUDA configs) the kernel has whole rows in registers: per-token amax (INT8 scale) and RMS (outlier
+threshold) need no second read. Otherwise a second pass re-reads the program's own ``TOK * K`` values, which
+are still in L2, so DRAM sees one read.
 Modes:
 
 * ``INT8``  → INT8 codes + per-token scale (``formats.quantize_int8`` of the rotated rows); without
