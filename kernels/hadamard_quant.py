@@ -324,22 +324,29 @@ def _prep(x2d: torch.Tensor, hadamard_block: int | None):
 
 #: cut padded one-step rows into two tiles (:func:`rows_geometry`); ``False`` pads them (for comparisons)
 ROWS_SPLIT = True
+#: the second tile of a split must have at least this many rows: on the H200 (INT8, K = 3072) split tiles
+#: of 32 + 16 and 64 + 32 rows were slower than one padded tile (57 % / 60 % vs 67 % / 63 % of copy), 128 + 64
+#: faster (75 % vs 58 %); K = 12288 as 128 + 64 rows 83 % vs 67 % (benchmarks/results/kernels_h200*.md and a
+#: one-off sweep)
+SPLIT_MIN_ROWS = 64
 
 
-def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE, split: bool = True):
+def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE, split: bool = True, min_rows: int | None = None):
     """(TOK tokens per program, G and G2 chunks per step, NSTEP steps) for a row of ``nchr`` chunks.
 
     ``TOK * next_pow2(nchr)`` rows fill the register tile. A row that takes one step but would leave more
     than 1/8 of the padded tile idle (CogVideoX-5B's 48 chunks of 64 → 64, 12288's 192 → 256) is cut into
-    two power-of-two tiles instead, ``G = next_pow2(nchr) / 2`` and ``G2`` for the rest (48 = 32 + 16), as
-    long as the second tile keeps the 16 rows a tensor-core dot needs; otherwise ``G2 = 0``."""
+    two power-of-two tiles instead, ``G = next_pow2(nchr) / 2`` and ``G2`` for the rest (48 = 32 + 16), when
+    the second tile keeps ``min_rows`` rows (default :data:`SPLIT_MIN_ROWS`; at least the 16 rows a
+    tensor-core dot needs); otherwise ``G2 = 0``."""
+    min_rows = max(16, SPLIT_MIN_ROWS if min_rows is None else min_rows)
     gp = triton.next_power_of_2(nchr)
     g = min(gp, rows_tile)
     tok = max(1, rows_tile // g)
     nstep = triton.cdiv(nchr, g)
     if split and nstep == 1 and g > 1 and 8 * nchr < 7 * g:
         g2 = triton.next_power_of_2(nchr - g // 2)
-        if tok * g2 >= 16:
+        if tok * g2 >= min_rows:
             return tok, g // 2, g2, 1
     return tok, g, 0, nstep
 

@@ -237,10 +237,11 @@ def test_rejects_bad_shapes():
 def test_multi_step_rows_equal_single_step(hb, monkeypatch):
     """A small register tile forces several steps per token (second pass re-reads the rows): results must
     be bit-identical to the one-step kernel for every mode."""
-    x = _rand(9, 3072, seed=31, scale=2.0)  # 24 or 48 chunks: tile 16 → 2-3 steps; tile 128 → 1 step
+    x = _rand(9, 3072, seed=31, scale=2.0)  # 24 or 48 chunks: tile 16 → 2-3 steps; tile 256 → 1 step
     x[4, 100] = 90.0
     xd = x.to(DEV)
-    one, many = (128, 8, 2), (16, 4, 3)
+    one, many = (256, 8, 2), (16, 4, 3)  # `one` splits its row into two tiles (second tile: 64 rows)
+    assert hq.rows_geometry(3072 // (64 if hb else 128), 256)[2] > 0
     a8, ac = hq.quantize_int8_act(xd, hb, k_sigma=4.0, config=one)
     b8, bc = hq.quantize_int8_act(xd, hb, k_sigma=4.0, config=many)
     assert torch.equal(a8.data, b8.data) and torch.equal(a8.scale, b8.scale) and int(ac) == int(bc)
@@ -261,18 +262,23 @@ def test_multi_step_rows_equal_single_step(hb, monkeypatch):
 
 def test_rows_geometry_splits_padded_rows():
     """One-step rows that would pad the register tile by more than 1/8 become two power-of-two tiles per
-    token (no idle lanes); rows that pad little, take several steps, or would leave the second tile under
-    the 16 rows of a tensor-core dot keep one tile."""
+    token (no idle lanes) when the second tile keeps SPLIT_MIN_ROWS rows; rows that pad little, take
+    several steps, or would leave a small second tile keep one padded tile."""
+    assert hq.SPLIT_MIN_ROWS == 64
     assert hq.rows_geometry(30, 64) == (2, 32, 0, 1)  # K 1920 / 64: 32 rows, 2 idle
-    assert hq.rows_geometry(48, 64) == (1, 32, 16, 1)  # K 3072 / 64: 32 + 16, was 64 with 16 idle
+    assert hq.rows_geometry(48, 256) == (4, 32, 16, 1)  # K 3072 / 64 on the long config: 128 + 64 rows
+    assert hq.rows_geometry(48, 64) == (1, 64, 0, 1)  # on the short config the split tile would be 16 rows
+    assert hq.rows_geometry(48, 64, min_rows=16) == (1, 32, 16, 1)
     assert hq.rows_geometry(120, 256) == (2, 128, 0, 1)  # K 7680
     assert hq.rows_geometry(192, 256) == (1, 128, 64, 1)  # K 12288: 128 + 64, was 256 with 64 idle
+    assert hq.rows_geometry(24, 64) == (2, 32, 0, 1)  # Wan's 1536: a 16-row split tile would be slower
     assert hq.rows_geometry(48, 16) == (1, 16, 0, 3)  # several steps: no split
-    assert hq.rows_geometry(33, 64) == (1, 64, 0, 1)  # the rest (1 chunk) would be a 1-row tile
-    assert hq.rows_geometry(48, 64, split=False) == (1, 64, 0, 1)
+    assert hq.rows_geometry(33, 64, min_rows=16) == (1, 64, 0, 1)  # the rest would be a 1-row tile
+    assert hq.rows_geometry(48, 256, split=False) == (4, 64, 0, 1)
     for nchr in range(1, 300):
-        tok, g, g2, nstep = hq.rows_geometry(nchr, 128)
-        assert tok * (g + g2) <= 128 and (g + g2) * nstep >= nchr and (g2 == 0 or tok * g2 >= 16)
+        for mr in (16, 64):
+            tok, g, g2, nstep = hq.rows_geometry(nchr, 128, min_rows=mr)
+            assert tok * (g + g2) <= 128 and (g + g2) * nstep >= nchr and (g2 == 0 or tok * g2 >= mr)
 
 
 def test_e2m1_encode_matches_spec_on_ties_and_neighbours():
