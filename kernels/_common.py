@@ -56,6 +56,17 @@ def check_launchable(*tensors: torch.Tensor) -> bool:
     raise ValueError(f"triton kernels run on CUDA tensors (or CPU under TRITON_INTERPRET=1), got {dev}")
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for host-side grid math (``triton.cdiv`` is a wrapped function, ~6 µs a call in
+    triton 3.9; launch wrappers call this several times per linear)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``n`` (0 for 0), like ``triton.next_power_of_2``, in plain Python."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def lowbit(n: int) -> int:
     """Largest power of two dividing ``n`` (n > 0)."""
     return n & -n

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_out, check_launchable, num_sms
+from ._common import cast_out, cdiv, check_launchable, num_sms
 
 
 @triton.jit
@@ -80,7 +80,7 @@ def delta_stats(out: torch.Tensor, inp: torch.Tensor, old: torch.Tensor | None =
     block, nw, waves = config or ((256, 4, 1) if interp else CUDA_CONFIG)
     n = out.numel()
     delta = torch.empty_like(out) if write else None
-    grid = (max(1, min(triton.cdiv(n, block), num_sms(out.device) * waves)),)
+    grid = (max(1, min(cdiv(n, block), num_sms(out.device) * waves)),)
     part = torch.empty((grid[0], 4), dtype=torch.float32, device=out.device)
     _delta_stats_kernel[grid](
         out, inp, old if old is not None else out, delta if write else out, part, n,

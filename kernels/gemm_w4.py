@@ -35,7 +35,7 @@ import triton.language as tl
 from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
 
 from . import _common
-from ._common import cast_out, check_launchable, decode_nvfp4, dot, grouped_tile
+from ._common import cast_out, cdiv, check_launchable, decode_nvfp4, dot, grouped_tile, next_pow2
 
 A_DENSE, A_SPLIT, A_NVFP4, A_INT8 = 0, 1, 2, 3
 
@@ -330,11 +330,11 @@ def gemm_w4(
         return _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp)
     cfg = config or (INTERP_CONFIG if interp else CUDA_CONFIGS[mode])
     bm, bn, bk, gm, nw, ns, swap = cfg
-    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    bk = min(bk, max(16, next_pow2(K)))
     if mode == A_SPLIT:
         bk = min(bk, _lowbit(K))  # the [hi | lo] halves must not share a K tile
     dummy = wts
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     _gemm_w4_kernel[grid](
         a1, a_sc if a_sc is not None else wd, wd, ws, wts,
         a_ts if a_ts is not None else dummy, row_scale if row_scale is not None else dummy,
@@ -360,8 +360,8 @@ def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16) -> torch.T
     interp = check_launchable(wd)
     out = torch.empty((N, K), dtype=dtype, device=wd.device)
     bn, bk, nw = (32, 32, 4) if interp else DECODE_CONFIG
-    bk = min(bk, max(16, triton.next_power_of_2(K)))
-    grid = (triton.cdiv(N, bn), triton.cdiv(K, bk))
+    bk = min(bk, max(16, next_pow2(K)))
+    grid = (cdiv(N, bn), cdiv(K, bk))
     _decode_w_kernel[grid](
         wd, ws, out, N, K, SVEC=min(bk // 16, _lowbit(K // 16)), BLOCK_N=bn, BLOCK_K=bk,
         OP=tl.float16 if dtype == torch.float16 else tl.bfloat16, PTX=_common.PTX_DECODE and not interp,
@@ -377,13 +377,13 @@ def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp):
     M, N, KA = a1.shape[0], wdec.shape[0], a1.shape[1]
     K = wdec.shape[1]
     bm, bn, bk, gm, nw, ns = config or (INTERP_DENSE_W_CONFIG if interp else CUDA_DENSE_W_CONFIG)
-    bk = min(bk, max(16, triton.next_power_of_2(K)))
+    bk = min(bk, max(16, next_pow2(K)))
     if KA != K:
         bk = min(bk, _lowbit(K))  # [hi | lo]: a K tile must not straddle the halves
     a_desc = TensorDescriptor.from_tensor(a1, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(wdec, [bn, bk])
     wts = w.tensor_scale.float().reshape(1)
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     _gemm_dense_w_kernel[grid](
         a_desc, w_desc, wts, a_ts if a_ts is not None else wts,
         row_scale if row_scale is not None else wts, bias if bias is not None else wts, out,

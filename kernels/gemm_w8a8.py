@@ -20,7 +20,7 @@ import triton.language as tl
 
 from sixbit.formats import Int8Tensor
 
-from ._common import cast_out, check_launchable, grouped_tile
+from ._common import cast_out, cdiv, check_launchable, grouped_tile, next_pow2
 
 
 @triton.jit
@@ -156,8 +156,8 @@ def gemm_w8a8(
         raise ValueError("tma=True needs K % 16 == 0 and 16-byte aligned operands")
     use_tma = aligned if tma is None and TMA else bool(tma)
     bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else CUDA_TMA_CONFIG if use_tma else CUDA_CONFIG)
-    bk = min(bk, max(32, triton.next_power_of_2(K)))  # int8 tensor-core dots need K tiles of >= 32
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    bk = min(bk, max(32, next_pow2(K)))  # int8 tensor-core dots need K tiles of >= 32
+    grid = (cdiv(M, bm) * cdiv(N, bn),)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 

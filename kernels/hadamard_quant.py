@@ -53,6 +53,7 @@ from sixbit.formats import E4M3_MAX, E4M3_TINY, F4_MAX, FP4_BLOCK, Int8Tensor, N
 
 from ._common import (
     absbits,
+    cdiv,
     check_launchable,
     chunk_width,
     dot,
@@ -60,6 +61,7 @@ from ._common import (
     e2m1_half,
     e4m3_round,
     make_h,
+    next_pow2,
     num_sms,
     rne_int,
     rotate,
@@ -340,12 +342,12 @@ def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE, split: bool = True, min
     the second tile keeps ``min_rows`` rows (default :data:`SPLIT_MIN_ROWS`; at least the 16 rows a
     tensor-core dot needs); otherwise ``G2 = 0``."""
     min_rows = max(16, SPLIT_MIN_ROWS if min_rows is None else min_rows)
-    gp = triton.next_power_of_2(nchr)
+    gp = next_pow2(nchr)
     g = min(gp, rows_tile)
     tok = max(1, rows_tile // g)
-    nstep = triton.cdiv(nchr, g)
+    nstep = cdiv(nchr, g)
     if split and nstep == 1 and g > 1 and 8 * nchr < 7 * g:
-        g2 = triton.next_power_of_2(nchr - g // 2)
+        g2 = next_pow2(nchr - g // 2)
         if tok * g2 >= min_rows:
             return tok, g // 2, g2, 1
     return tok, g, 0, nstep
@@ -382,7 +384,7 @@ def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, ama
         raise ValueError(f"K={K}: more than 8 register-tile steps per token ({nchr} chunks of {bk}, tile {rows_tile})")
     count = torch.zeros((), dtype=torch.int32, device=x.device) if k_sigma is not None else None
     dummy = x
-    grid = (min(triton.cdiv(M, tok), num_sms(x.device) * waves),)
+    grid = (min(cdiv(M, tok), num_sms(x.device) * waves),)
     stride_q = q.stride(0) if q is not None else 0
     _rows_kernel[grid](
         x, q if q is not None else dummy,
@@ -460,7 +462,7 @@ def quantize_nvfp4_act(
     else:
         data = torch.empty((M, K // 2), dtype=torch.uint8, device=x.device)
         vals = scales  # unused
-    grid = (min(triton.cdiv(mr, block_rows), num_sms(x.device) * waves),)
+    grid = (min(cdiv(mr, block_rows), num_sms(x.device) * waves),)
     _nvfp4_kernel[grid](
         x, data, scales, ts, amax, vals, mr, BLOCK_R=block_rows, BK=bk, HB=hb, INV_SQRT=_inv_sqrt(hb),
         DENSE=dense, INTERP=interp, num_warps=nw, enable_fp_fusion=False,

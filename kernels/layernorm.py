@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_out, check_launchable
+from ._common import cast_out, cdiv, check_launchable
 
 
 @triton.jit
@@ -123,7 +123,7 @@ def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     w = weight if weight is not None else y
     b = bias if bias is not None else y
     c, s = (cos, sin) if rope is not None else (y, y)
-    _ln_rows_kernel[(triton.cdiv(R, br),)](
+    _ln_rows_kernel[(cdiv(R, br),)](
         x, w, b, y, c, s, R, lead[1], lead[2], strides[0], strides[1], strides[2], float(eps),
         int(rope[2]) if rope is not None else 0,
         D=D, BLOCK_R=br, HAS_W=weight is not None, HAS_B=bias is not None, ROPE=rope is not None,
