@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from sixbit import formats as F
+from sixbit.routes import KERNEL_ROUTES, WEIGHT_FORMAT
 
 from . import blackwell
 
@@ -95,9 +96,8 @@ __all__ = [
     "W4A16_FP32_SPLIT",
 ]
 
-#: routes ``linear`` serves, and the weight format each needs
-LINEAR_ROUTES = ("nvfp4", "int8", "w8a8", "w4a16")
-WEIGHT_FORMAT = {"nvfp4": "nvfp4", "int8": "nvfp4", "w8a8": "int8", "w4a16": "nvfp4"}
+#: routes ``linear`` serves (``WEIGHT_FORMAT``: the weight format each needs), from ``sixbit.routes``
+LINEAR_ROUTES = KERNEL_ROUTES
 #: on sm_90, feed W4A4/W4A8 GEMMs the quantized activations as exact fp16 (see module docstring)
 HOPPER_DENSE_ACTIVATIONS = True
 #: W4A16 on rotated (or fp32) activations: False = one fp16 operand scaled per token (``scale16_act``,

@@ -46,10 +46,11 @@ from sixbit.config import SixBitConfig
 from sixbit.formats import relative_error
 from sixbit.linear import ops
 from sixbit.policy import LinearFit, Policy, bits_to_int8_fraction
+from sixbit.routes import BITS, INT8, NVFP4
 
 __all__ = ["calibrate", "fit_line", "read_prompts", "main", "report_markdown", "transformer_fingerprint"]
 
-BITS_GRID = [4.5 + 0.25 * k for k in range(15)]  # 4.5 … 8.0
+BITS_GRID = [BITS[NVFP4] + 0.25 * k for k in range(15)]  # 4.5 … 8.0
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float | None, float, float]:
@@ -139,8 +140,8 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
             cur = handle.current
             if cur is None:
                 return
-            y4, _ = kernel_ops.linear(x, module.packed, "nvfp4", backend=module.backend)
-            y8, _ = kernel_ops.linear(x, module.packed, module.resolve("int8"), backend=module.backend)
+            y4, _ = kernel_ops.linear(x, module.packed, NVFP4, backend=module.backend)
+            y8, _ = kernel_ops.linear(x, module.packed, module.resolve(INT8), backend=module.backend)
             errs[(run_id, cur[0], cur[1], j)] = (relative_error(y4, y), relative_error(y8, y))
         return obs
 
@@ -214,7 +215,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
         "call_kwargs": {k: v for k, v in call.items() if isinstance(v, (int, float, str, bool))},
         "samples": len(preds), "seconds": round(time.perf_counter() - t_start, 2),
         "compute_path": handle.trace.compute_path, "device": handle.trace.device,
-        "int8_fraction_at_tau": frac, "avg_act_bits_at_tau": 4.5 * (1 - frac) + 8.0 * frac,
+        "int8_fraction_at_tau": frac, "avg_act_bits_at_tau": BITS[NVFP4] * (1 - frac) + BITS[INT8] * frac,
         "r2_global_line": r2_global, "torch": torch.__version__,
         "transformer_sha256": fingerprint,
         "pdr_ratio_quantiles": {f"{q:g}": _quantile(ratios, q) for q in (0.05, 0.5, 0.95, 0.99)} if ratios else None,

@@ -36,12 +36,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sixbit.routes import INT8, STATIC, W8A8
+
 __all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
 
 #: τ applied to E = Γ when no calibrated policy is available
 UNCALIBRATED_TAU = 0.5
 
-QUANT_MODES = ("off", "dmpq", "w4a4", "w4a8", "w8a8")
+#: "off", DMPQ, and the static baselines (one route for every layer: ``sixbit.routes.STATIC``)
+QUANT_MODES = ("off", "dmpq", *STATIC)
 
 
 class ConfigError(ValueError):
@@ -69,7 +72,7 @@ class SixBitConfig:
         "What an INT8 decision runs: 'int8' = NVFP4 weights × INT8 activations (the paper's W4A8, "
         "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
         "also keeps an 8-bit copy of every weight resident).",
-        choices=("int8", "w8a8"),
+        choices=(INT8, W8A8),
         label="INT8 route",
     )
     target_bits: float | None = _f(

@@ -63,8 +63,9 @@ from sixbit.linear import (
     swapped_bytes,
 )
 from sixbit.policy import Policy
+from sixbit.routes import FP16, INT8, SKIPPED, STATIC, display
 from sixbit.tdc import BlockState, SkipSchedule
-from sixbit.trace import Trace, display_route
+from sixbit.trace import Trace
 
 __all__ = ["apply", "SixBitHandle", "POLICY_DIR"]
 
@@ -72,7 +73,6 @@ POLICY_DIR = Path(__file__).resolve().parent.parent / "assets" / "policies"
 _DENOISER_HOOK = "sixbit_denoiser"
 _BLOCK_HOOK = "sixbit_block"
 _DEFAULT_CONTEXT = "default"
-_STATIC_ROUTE = {"w4a4": "nvfp4", "w4a8": "int8", "w8a8": "w8a8"}
 
 
 class _StepState(BaseState):
@@ -239,7 +239,7 @@ class SixBitHandle:
         self.modules: list[SixBitLinear] = []
         self._originals: dict = {}
         if cfg.quantized:
-            int8_route = "int8" if cfg.quant == "w4a8" else cfg.int8_route
+            int8_route = INT8 if cfg.quant == "w4a8" else cfg.int8_route
             new, self._originals = swap_linears(
                 transformer, self.linear_names, formats_=cfg.weight_formats, hadamard_block=cfg.hadamard_block,
                 fp_weights=cfg.fp_weights, int8_route=int8_route, backend=cfg.backend,
@@ -432,7 +432,7 @@ class SixBitHandle:
                              "delta_sim": bs.delta_sim, "acc_err": bs.acc_err, "outlier_ratio": None,
                              "mode": "skip"}
             for j in idx:
-                rec.routes[j] = "skipped"
+                rec.routes[j] = SKIPPED
                 rec.pred_err[j] = None
             return self.adapter.rebuild(out)
 
@@ -441,11 +441,11 @@ class SixBitHandle:
         preds: list[float | None] = [None] * n
         fired, oratio = False, None
         if not cfg.quantized:
-            mode, routes = "fp", ["fp16"] * n
+            mode, routes = "fp", [FP16] * n
         elif i < cfg.warmup_steps:
-            mode, routes = "warmup", ["fp16"] * n
-        elif cfg.quant in _STATIC_ROUTE:
-            mode, routes = "static", [_STATIC_ROUTE[cfg.quant]] * n
+            mode, routes = "warmup", [FP16] * n
+        elif cfg.quant in STATIC:
+            mode, routes = "static", [STATIC[cfg.quant]] * n
         else:
             next_skip, replayed = None, None
             if self.schedule is not None:
@@ -456,12 +456,12 @@ class SixBitHandle:
                 c, tot = self._read(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma, self._outlier_count))
                 oratio = c / tot if tot else 0.0
                 if pdr_rule.purify(oratio, self.pdr_rho) and replayed is None:
-                    fired, mode, routes = True, "pdr", ["fp16"] * n
+                    fired, mode, routes = True, "pdr", [FP16] * n
             if replayed is not None:  # recorded routes (the live rule's cost above is still paid)
                 mode, routes = "replay", replayed
             if mode is None:
                 if bs.gamma is None or (bs.skipped_last and cfg.after_skip == "int8"):
-                    mode, routes = ("after_skip" if bs.skipped_last else "no_gamma"), ["int8"] * n
+                    mode, routes = ("after_skip" if bs.skipped_last else "no_gamma"), [INT8] * n
                 else:
                     mode = "dmpq"
                     routes, preds = self.routers[b].route(bs.gamma)
@@ -489,10 +489,10 @@ class SixBitHandle:
         for k, j in enumerate(idx):
             if self.modules:
                 m = self.modules[j]
-                rec.routes[j] = display_route(m.resolve(routes[k]))
+                rec.routes[j] = display(routes[k])
                 rec.lin_outliers[j] = m.last_outliers
             else:
-                rec.routes[j] = "fp16"
+                rec.routes[j] = FP16
             rec.pred_err[j] = preds[k]
         return output
 

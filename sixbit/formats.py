@@ -60,7 +60,8 @@ Routes
 activations), ``"w8a8"`` (INT8 weights and activations; the Hopper int8 tensor-core path), ``"w4a16"`` (activations unquantized,
 times the dequantized NVFP4 weights: the full-precision-activation route of a layer that no longer holds
 its original weights), ``"fp16"`` (the plain layer: activations times the original weights).
-``reference_linear`` defines each one's numerics.
+``reference_linear`` defines each one's numerics; their names, bits and letters are the table in
+``sixbit.routes``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sixbit.routes import ROUTES
+
 __all__ = [
     "E2M1_VALUES",
     "FP4_BLOCK",
@@ -78,8 +81,6 @@ __all__ = [
     "F4_MAX",
     "INT8_MAX",
     "OUTLIER_K",
-    "ROUTES",
-    "ACT_BITS",
     "NonFiniteError",
     "NVFP4Tensor",
     "Int8Tensor",
@@ -109,9 +110,6 @@ E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 E4M3_TINY = float(torch.finfo(torch.float8_e4m3fn).tiny)  # 2**-6
 INT8_MAX = 127
 OUTLIER_K = 8.0
-ROUTES = ("nvfp4", "int8", "w8a8", "w4a16", "fp16")
-#: activation bits per element that each route spends (NVFP4: 4 bits + one 8-bit scale per 16 elements)
-ACT_BITS = {"nvfp4": 4.5, "int8": 8.0, "w8a8": 8.0, "w4a16": 16.0, "fp16": 16.0}
 
 #: E2M1 magnitudes indexed by the 3-bit magnitude code.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

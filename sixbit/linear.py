@@ -26,12 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from sixbit import formats as fmt
+from sixbit import routes
 
 __all__ = ["SixBitLinear", "swap_linears", "swap_weight_only", "restore_linears", "nvfp4_packable", "param_bytes",
-           "swapped_bytes", "ops", "effective_hadamard_block", "FP_ROUTES"]
-
-#: routes that compute with unquantized activations
-FP_ROUTES = ("fp16", "w4a16")
+           "swapped_bytes", "ops", "effective_hadamard_block"]
 
 
 # ------------------------------------------------------------------------------------- kernel access
@@ -79,7 +77,7 @@ class SixBitLinear(nn.Module):
 
     def __init__(self, name: str, packed, in_features: int, out_features: int, *,
                  fp_linear: nn.Linear | None = None, host_linear: nn.Linear | None = None,
-                 int8_route: str = "int8", backend: str = "auto", k_sigma: float | None = None):
+                 int8_route: str = routes.INT8, backend: str = "auto", k_sigma: float | None = None):
         super().__init__()
         self.name = name
         self.in_features = in_features
@@ -90,7 +88,7 @@ class SixBitLinear(nn.Module):
         self.k_sigma = k_sigma
         object.__setattr__(self, "_fp", fp_linear)  # not a registered submodule
         object.__setattr__(self, "_host", host_linear)  # the original in host memory ("stream")
-        self.route = "nvfp4"
+        self.route = routes.NVFP4
         #: (outlier count tensor, element count) of the last call's input, when k_sigma is set
         self.last_outliers: tuple[torch.Tensor, int] | None = None
         #: the route the last call actually ran (after resolution)
@@ -117,16 +115,13 @@ class SixBitLinear(nn.Module):
         return super().__getattr__(name)
 
     def resolve(self, route: str) -> str:
-        if route == "fp16":
-            return "fp16" if self.has_fp_weights else "w4a16"
-        if route == "int8" and self.int8_route == "w8a8":
-            return "w8a8"
-        return route
+        """The route this layer runs for a decided ``route`` (``sixbit.routes.resolve``)."""
+        return routes.resolve(route, has_fp_weights=self.has_fp_weights, int8_route=self.int8_route)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         route = self.resolve(self.route)
         self.last_route = route
-        if route == "fp16":
+        if route == routes.FP16:
             # "device": .to() is a no-op; "stream": this layer's original weights are copied for this call
             # (from pinned memory: asynchronous on CUDA)
             src = self._fp if self._fp is not None else self._host
@@ -212,9 +207,9 @@ def swap_weight_only(root: nn.Module, names: list[str], *, fp_weights: str, back
     """:func:`swap_linears` to weight-only NVFP4: route ``w4a16`` fixed (16-bit activations × the 4-bit
     weights, never routed by DMPQ), no Hadamard rotation, no outlier counting. Same return value."""
     new, originals = swap_linears(root, names, formats_=("nvfp4",), hadamard_block=0, fp_weights=fp_weights,
-                                  int8_route="int8", backend=backend, k_sigma=None)
+                                  int8_route=routes.INT8, backend=backend, k_sigma=None)
     for m in new.values():
-        m.route = "w4a16"
+        m.route = routes.W4A16
     return new, originals
 
 

@@ -30,19 +30,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sixbit.routes import BITS, INT8, NVFP4
+
 __all__ = ["Policy", "LinearFit", "PolicyError", "POLICY_FORMAT", "POLICY_VERSION", "bits_to_int8_fraction"]
 
 POLICY_FORMAT = "sixbit-policy"
 POLICY_VERSION = 1
 
-#: activation bits of the two DMPQ routes (sixbit.formats.ACT_BITS: NVFP4 counts its block scales)
-NVFP4_BITS = 4.5
-INT8_BITS = 8.0
-
 
 def bits_to_int8_fraction(bits: float) -> float:
-    """Fraction of INT8 decisions that gives ``bits`` average activation bits (clamped to [0, 1])."""
-    return min(1.0, max(0.0, (bits - NVFP4_BITS) / (INT8_BITS - NVFP4_BITS)))
+    """Fraction of INT8 decisions that gives ``bits`` average activation bits (clamped to [0, 1]); the two
+    DMPQ routes' bits are the route table's (NVFP4 counts its block scales)."""
+    lo, hi = BITS[NVFP4], BITS[INT8]
+    return min(1.0, max(0.0, (bits - lo) / (hi - lo)))
 
 
 class PolicyError(ValueError):

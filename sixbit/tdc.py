@@ -29,8 +29,8 @@ benchmarks record it on sixbit-mini and replay it at real CogVideoX sizes, where
 make TDC's own decisions meaningless.
 
 A schedule recorded by :meth:`sixbit.trace.Trace.skip_schedule` (format version 2) also holds the
-*routes* of every computed block evaluation — one letter per routed linear, ``n`` (NVFP4), ``i`` (INT8)
-or ``f`` (16-bit activations: warm-up, PDR) — because DMPQ's Γ-driven routes, like TDC's decisions, are
+*routes* of every computed block evaluation — one letter per routed linear (``sixbit.routes.LETTERS``: ``n``
+NVFP4, ``i`` INT8, ``f`` 16-bit activations: warm-up, PDR) — because DMPQ's Γ-driven routes, like TDC's decisions, are
 meaningless on random weights. With routes, a DMPQ run replays them too (block mode ``replay``); PDR's
 outlier count is still computed where the live rule would compute it, so the replay costs what a live
 run costs, but the recorded route wins. A version-1 file (skips only) still loads.
@@ -47,6 +47,7 @@ import torch
 from diffusers.hooks.hooks import BaseState
 
 from sixbit.dmpq import l1
+from sixbit.routes import FROM_LETTER, LETTERS
 
 __all__ = ["BlockState", "delta_change_sums", "decide", "SkipSchedule"]
 
@@ -87,8 +88,6 @@ def decide(state: BlockState, step: int, num_steps: int | None, cfg) -> bool:
 
 
 SCHEDULE_FORMAT = "sixbit-skip-schedule"
-ROUTE_CODES = {"nvfp4": "n", "int8": "i", "fp16": "f"}
-CODE_ROUTES = {v: k for k, v in ROUTE_CODES.items()}
 
 
 def _near(i: int, n_new: int, n_old: int) -> int:
@@ -123,7 +122,7 @@ class SkipSchedule:
         if step >= len(pattern) or not pattern[step][block]:
             return None
         codes = pattern[step][block]
-        return [CODE_ROUTES[codes[_near(k, n_linears, len(codes))]] for k in range(n_linears)]
+        return [FROM_LETTER[codes[_near(k, n_linears, len(codes))]] for k in range(n_linears)]
 
     @property
     def skip_fraction(self) -> float:
@@ -167,7 +166,7 @@ class SkipSchedule:
     def route_fractions(self) -> dict[str, float]:
         """Share of recorded linear evaluations per route (empty without routes)."""
         letters = "".join(c for p in (self.routes or {}).values() for row in p for c in row)
-        return {r: letters.count(c) / len(letters) for r, c in ROUTE_CODES.items()} if letters else {}
+        return {r: letters.count(c) / len(letters) for r, c in LETTERS.items()} if letters else {}
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -200,9 +199,9 @@ class SkipSchedule:
                     raise ValueError(f"skip schedule routes {k!r}: expected a branch's {ns} steps × {nb} blocks")
                 for t, row in enumerate(rows):
                     for b, codes in enumerate(row):
-                        if not isinstance(codes, str) or set(codes) - set(CODE_ROUTES):
+                        if not isinstance(codes, str) or set(codes) - set(FROM_LETTER):
                             raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: {codes!r} is not "
-                                             f"a string of route letters {sorted(CODE_ROUTES)}")
+                                             f"a string of route letters {sorted(FROM_LETTER)}")
                         if codes and not branches[k][t][b]:
                             raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: routes recorded "
                                              "for a skipped cell")

@@ -37,17 +37,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sixbit.tdc import ROUTE_CODES, SkipSchedule
+from sixbit.routes import BITS as ROUTE_BITS
+from sixbit.routes import LETTERS, SKIPPED, TRACE_ROUTES
+from sixbit.tdc import SkipSchedule
 
-__all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "display_route", "json_safe"]
+__all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "json_safe"]
 
 TRACE_VERSION = 1
-ROUTE_BITS = {"nvfp4": 4.5, "int8": 8.0, "fp16": 16.0}
-_DISPLAY = {"nvfp4": "nvfp4", "int8": "int8", "w8a8": "int8", "w4a16": "fp16", "fp16": "fp16", "skipped": "skipped"}
-
-
-def display_route(route: str) -> str:
-    return _DISPLAY[route]
 
 
 def json_safe(v):
@@ -85,7 +81,7 @@ class _Branch:
                 out_lin.append(_f(count) / total if total else None)
         return {
             "blocks": [json_safe(b) if b is not None else dict(_NOT_RUN) for b in self.blocks],
-            "routes": [r if r is not None else "skipped" for r in self.routes],
+            "routes": [r if r is not None else SKIPPED for r in self.routes],
             "pred_err": [_f(p) for p in self.pred_err],
             "linear_outlier_ratio": out_lin,
         }
@@ -153,19 +149,19 @@ class Trace:
 
     # ---------------------------------------------------------------------------------------- output
     def summary(self) -> dict[str, Any]:
-        counts = {"nvfp4": 0, "int8": 0, "fp16": 0, "skipped": 0}
+        counts = dict.fromkeys(TRACE_ROUTES, 0)
         n_blocks = n_skipped = n_pdr = 0
         for st in self.steps:
             for br in st.branches.values():
                 for r in br.routes:
-                    counts[r if r is not None else "skipped"] += 1
+                    counts[r if r is not None else SKIPPED] += 1
                 for b in br.blocks:
                     if b is None:
                         continue
                     n_blocks += 1
                     n_skipped += bool(b["skipped"])
                     n_pdr += bool(b["pdr"])
-        computed = counts["nvfp4"] + counts["int8"] + counts["fp16"]
+        computed = sum(counts[k] for k in ROUTE_BITS)
         bits = sum(ROUTE_BITS[k] * counts[k] for k in ROUTE_BITS) / computed if computed else None
         return {
             "avg_act_bits": bits,
@@ -205,7 +201,7 @@ class Trace:
                 br = st.branches.get(n)
                 blocks = br.blocks if br is not None else [None] * len(self.blocks)
                 rows.append([not (b is not None and b["skipped"]) for b in blocks])
-                rrows.append(["".join(ROUTE_CODES[br.routes[j]] for j in self.block_linears[b])
+                rrows.append(["".join(LETTERS[br.routes[j]] for j in self.block_linears[b])
                               if blk is not None and blk["computed"] else "" for b, blk in enumerate(blocks)])
             branches[n], routes[n] = rows, rrows
         return SkipSchedule(len(self.blocks), len(self.steps), branches,
