@@ -1,57 +1,42 @@
 """The engine: ``sixbit.apply(pipe, cfg)`` wires DMPQ, TDC and PDR into a diffusers pipeline.
 
-Two kinds of diffusers hooks (``diffusers.hooks.HookRegistry`` / ``ModelHook``), both stateful with a
-``StateManager`` so that every ``cache_context`` (CFG branch: ``"cond_uncond"`` for CogVideoX, ``"cond"``
-and ``"uncond"`` for Wan) has its own state, reset by the pipeline's ``maybe_free_model_hooks()`` at the
-end of every call:
+``apply`` validates the request and returns a :class:`SixBitHandle`, which does the set-up and the
+tear-down and holds nothing of the per-step logic:
 
-* one **denoiser hook** on the transformer: counts the steps of each branch, starts a new run (fresh
-  caches, fresh trace) when a call begins — also if the previous call died without the reset (a new run
-  is recognised by a changed input shape or a timestep that went up: schedulers run timesteps downwards,
-  second-order ones may repeat one) — and times each step;
-* one **block hook** per transformer block (``new_forward``): decides skip or compute (TDC, or a
-  replayed :class:`~sixbit.tdc.SkipSchedule`), picks each layer's route (warm-up → full precision;
-  PDR → full precision; first computed step after a skip → INT8; otherwise DMPQ from Γ), runs the block,
-  measures Γ and the delta change, refreshes the cache and writes the trace.
-
-The linear layers are swapped for :class:`~sixbit.linear.SixBitLinear` (module replacement); the block
-hook sets each layer's ``route`` just before the block runs. With ``fast_qk_norm`` (engineering, not the
-method) CogVideoX's attentions get :class:`~sixbit.attention.FusedQKNormRopeProcessor` through diffusers'
-``set_processor``. A computed block's Δ and statistics come from ``ops.block_stats`` (one pass per token
-stream on the GPU; the torch reference elsewhere).
-
-Host synchronisations: per computed block one read of a stacked statistics tensor (Γ sums and delta-
-change sums), plus one for the PDR outlier ratio when PDR applies; none for a skipped block; per step one
-for the timestep (run detection) and one GPU synchronize for the step time (``sync_timing``). All
-statistics are additive sums; ``handle.reduce_stats`` (default ``None``) is applied to each stacked
-tensor before it is read — set it to an all-reduce under context parallelism so every rank takes the
-same decision.
+* **policy**: resolves the calibrated policy (``cfg.policy``, ``"auto"`` → ``assets/policies/<model>.json``),
+  τ (the config's, the policy's τ-for-bits table at ``target_bits``, or the policy's τ) and PDR's ρ
+  (``pdr.resolve_rho``), with a warning for each fallback;
+* **swap**: the routed linear layers become :class:`~sixbit.linear.SixBitLinear` (module replacement, packed
+  weights); optionally the modulation and embedder linears become weight-only 4-bit (route ``w4a16``);
+  with ``fast_qk_norm`` (engineering, not the method) CogVideoX's attentions get
+  :class:`~sixbit.attention.FusedQKNormRopeProcessor` through diffusers' ``set_processor``;
+* **register**: one :class:`~sixbit.hooks.DenoiserHook` on the transformer and one
+  :class:`~sixbit.hooks.BlockHook` per block (``diffusers.hooks.HookRegistry``); they own the method's
+  per-call logic and state and write a :class:`~sixbit.hooks.Run` — the handle's ``trace`` is the run's;
+* **memory**: :meth:`SixBitHandle.memory` reports the weight bytes;
+* **remove**: hooks, processors and the original layers go back, bit for bit.
 
 Memory: by default (``fp_weights="cpu"``) the device holds only the packed weights of the routed layers;
 the original ``nn.Linear`` modules are moved to the CPU and kept there so ``handle.remove()`` restores
 the model exactly. TDC keeps one Δ per block and stream (model dtype) per CFG branch: that is the
-method's own memory cost.
+method's own memory cost. ``handle.reduce_stats`` sets ``Run.reduce_stats``, the all-reduce hook of every
+decision statistic (``sixbit.hooks``).
 """
 
 from __future__ import annotations
 
-import inspect
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers.hooks.hooks import BaseState, CacheContext, HookRegistry, ModelHook, StateManager
+from diffusers.hooks.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from sixbit import attention
-from sixbit import pdr as pdr_rule
-from sixbit import tdc as tdc_rule
+from sixbit import attention, pdr
 from sixbit.adapters import Adapter, get_adapter
 from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
-from sixbit.dmpq import Router, gamma_sums, ratio
+from sixbit.hooks import BLOCK_HOOK, DENOISER_HOOK, BlockHook, DenoiserHook, Method, Run
 from sixbit.linear import (
     SixBitLinear,
     nvfp4_packable,
@@ -63,88 +48,13 @@ from sixbit.linear import (
     swapped_bytes,
 )
 from sixbit.policy import Policy
-from sixbit.routes import FP16, INT8, SKIPPED, STATIC, display
-from sixbit.tdc import BlockState, SkipSchedule
+from sixbit.routes import INT8
+from sixbit.tdc import SkipSchedule
 from sixbit.trace import Trace
 
 __all__ = ["apply", "SixBitHandle", "POLICY_DIR"]
 
 POLICY_DIR = Path(__file__).resolve().parent.parent / "assets" / "policies"
-_DENOISER_HOOK = "sixbit_denoiser"
-_BLOCK_HOOK = "sixbit_block"
-_DEFAULT_CONTEXT = "default"
-
-
-class _StepState(BaseState):
-    def __init__(self):
-        self.reset()
-
-    def reset(self, *args, **kwargs):
-        self.step = 0
-        self.last_t: float | None = None
-        self.shape: tuple | None = None
-
-
-@dataclass
-class _Current:
-    branch: str
-    step: int
-    num_steps: int | None
-    rec: Any
-    t0: float
-
-
-class _DenoiserHook(ModelHook):
-    _is_stateful = True
-
-    def __init__(self, engine: SixBitHandle):
-        super().__init__()
-        self.engine = engine
-        self.state_manager = StateManager(_StepState)
-
-    def pre_forward(self, module, *args, **kwargs):
-        self.engine._begin_call(args, kwargs)
-        return args, kwargs
-
-    def post_forward(self, module, output):
-        self.engine._end_call()
-        return output
-
-    def reset_state(self, module):
-        self.engine._end_run()
-        self.state_manager.reset()
-        return module
-
-
-class _BlockHook(ModelHook):
-    _is_stateful = True
-
-    def __init__(self, engine: SixBitHandle, index: int):
-        super().__init__()
-        self.engine = engine
-        self.index = index
-        self.state_manager = StateManager(BlockState)
-
-    def new_forward(self, module, *args, **kwargs):
-        return self.engine._run_block(self, module, args, kwargs)
-
-    def reset_state(self, module):
-        self.state_manager.reset()
-        return module
-
-
-def _arg(module: nn.Module, name: str, args: tuple, kwargs: dict):
-    """Argument ``name`` of ``module.forward`` from a call's args/kwargs (None when absent)."""
-    if name in kwargs:
-        return kwargs[name]
-    params = _PARAMS.get(type(module))
-    if params is None:
-        params = _PARAMS[type(module)] = list(inspect.signature(type(module).forward).parameters)[1:]
-    i = params.index(name) if name in params else None
-    return args[i] if i is not None and i < len(args) else None
-
-
-_PARAMS: dict[type, list[str]] = {}
 
 
 def _resolve_policy(cfg: SixBitConfig, policy, pipe, transformer) -> Policy:
@@ -174,6 +84,71 @@ def _model_names(pipe, transformer) -> list[str]:
     return [n for n in names if n]
 
 
+def _routed_linears(adapter: Adapter, blocks, warnings: list[str]) -> tuple[list[str], list[range]]:
+    """Names of the routed linears, block by block, and each block's range in that list; a layer whose
+    width NVFP4 cannot pack stays in full precision, with a warning."""
+    names: list[str] = []
+    ranges: list[range] = []
+    for bname, block in blocks:
+        start = len(names)
+        for rel, lin in adapter.block_linears(block):
+            if lin.in_features % 16:
+                warnings.append(f"{bname}.{rel}: width {lin.in_features} is not a multiple of 16; "
+                                "left in full precision")
+                continue
+            names.append(f"{bname}.{rel}")
+        ranges.append(range(start, len(names)))
+    return names, ranges
+
+
+def _resolve_tau(cfg: SixBitConfig, policy: Policy) -> float:
+    if cfg.tau is not None:
+        return cfg.tau
+    if policy.calibrated and cfg.target_bits is not None:
+        return policy.tau_for_bits(cfg.target_bits)
+    return policy.tau
+
+
+def _policy_warnings(cfg: SixBitConfig, policy: Policy, tau: float, rho: float, rho_source: str) -> list[str]:
+    out = []
+    if cfg.quant == "dmpq":
+        if not policy.calibrated:
+            out.append("no calibrated policy: DMPQ predicts E = Γ for every layer "
+                       f"(τ = {tau}); run `python -m sixbit.calibrate` for real α, β")
+        elif policy.hadamard_block is not None and policy.hadamard_block != cfg.hadamard_block:
+            out.append(f"policy was calibrated with hadamard_block={policy.hadamard_block}, "
+                       f"config uses {cfg.hadamard_block}")
+    if cfg.pdr and cfg.quant == "dmpq" and cfg.tdc and rho_source == "fallback" and policy.calibrated:
+        out.append(f"the policy has no PDR ρ for k_σ = {cfg.pdr_k_sigma}: using {rho:g}; "
+                   "re-run `python -m sixbit.calibrate` to measure it for this model")
+    return out
+
+
+def _swap(transformer: nn.Module, blocks, adapter: Adapter, cfg: SixBitConfig, names: list[str]):
+    """(routed SixBitLinears in ``names`` order, weight-only SixBitLinears, originals for the restore)."""
+    modules: list[SixBitLinear] = []
+    originals: dict = {}
+    if cfg.quantized:
+        int8_route = INT8 if cfg.quant == "w4a8" else cfg.int8_route
+        new, originals = swap_linears(
+            transformer, names, formats_=cfg.weight_formats, hadamard_block=cfg.hadamard_block,
+            fp_weights=cfg.fp_weights, int8_route=int8_route, backend=cfg.backend,
+            k_sigma=cfg.pdr_k_sigma if cfg.trace_linear_outliers else None,
+        )
+        modules = [new[n] for n in names]
+    # weight-only 4-bit storage (route w4a16, never routed by DMPQ): modulation and embedder linears
+    candidates = []
+    if cfg.modulation_weights == "nvfp4":
+        candidates += [(f"{bname}.{rel}", lin) for bname, block in blocks
+                       for rel, lin in adapter.block_linears(block, modulation=True)]
+    if cfg.embedder_weights == "nvfp4":
+        candidates += adapter.outer_linears(transformer)
+    new, orig = swap_weight_only(transformer, [n for n, lin in candidates if nvfp4_packable(lin)],
+                                 fp_weights=cfg.fp_weights, backend=cfg.backend)
+    originals.update(orig)
+    return modules, list(new.values()), originals
+
+
 class SixBitHandle:
     """What :func:`apply` returns: the live trace, the swapped layers, and ``remove()``."""
 
@@ -185,98 +160,38 @@ class SixBitHandle:
         self.adapter = adapter
         self.policy = policy
         self.schedule = schedule
-        #: optional ``fn(tensor) -> tensor`` applied to every statistics tensor before it is read (all-reduce)
-        self.reduce_stats: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.warnings: list[str] = []
         self.removed = False
-        self._cur: _Current | None = None
-        self._run_active = False
-        self._own_context = False
-        self.schedule_overrides = 0
-
         blocks = adapter.blocks(transformer)
         self.block_names = [n for n, _ in blocks]
-        self.linear_names: list[str] = []
-        self.block_linear_idx: list[range] = []
-        per_block_rel: list[list[str]] = []
-        for bname, block in blocks:
-            start = len(self.linear_names)
-            rels = []
-            for rel, lin in adapter.block_linears(block):
-                if lin.in_features % 16:
-                    self.warnings.append(f"{bname}.{rel}: width {lin.in_features} is not a multiple of 16; "
-                                         "left in full precision")
-                    continue
-                rels.append(rel)
-                self.linear_names.append(f"{bname}.{rel}")
-            per_block_rel.append(rels)
-            self.block_linear_idx.append(range(start, len(self.linear_names)))
+        self.linear_names, self.block_linear_idx = _routed_linears(adapter, blocks, self.warnings)
 
-        # τ and routers
-        if cfg.tau is not None:
-            self.tau = cfg.tau
-        elif policy.calibrated and cfg.target_bits is not None:
-            self.tau = policy.tau_for_bits(cfg.target_bits)
-        else:
-            self.tau = policy.tau
-        if cfg.quant == "dmpq":
-            if not policy.calibrated:
-                self.warnings.append("no calibrated policy: DMPQ predicts E = Γ for every layer "
-                                     f"(τ = {self.tau}); run `python -m sixbit.calibrate` for real α, β")
-            elif policy.hadamard_block is not None and policy.hadamard_block != cfg.hadamard_block:
-                self.warnings.append(f"policy was calibrated with hadamard_block={policy.hadamard_block}, "
-                                     f"config uses {cfg.hadamard_block}")
-            self.routers = [Router.for_block(policy, [self.linear_names[j] for j in idx], self.tau)
-                            for idx in self.block_linear_idx]
-        else:
-            self.routers = None
-        self.pdr_rho, self.pdr_rho_source = pdr_rule.resolve_rho(cfg, policy)
-        if cfg.pdr and cfg.quant == "dmpq" and cfg.tdc and self.pdr_rho_source == "fallback" and policy.calibrated:
-            self.warnings.append(f"the policy has no PDR ρ for k_σ = {cfg.pdr_k_sigma}: using {self.pdr_rho:g}; "
-                                 "re-run `python -m sixbit.calibrate` to measure it for this model")
+        # policy: τ, ρ and the layers' fits (a calibrated policy lacking a layer fails here, before the swap)
+        self.tau = _resolve_tau(cfg, policy)
+        self.pdr_rho, self.pdr_rho_source = pdr.resolve_rho(cfg, policy)
+        self.warnings += _policy_warnings(cfg, policy, self.tau, self.pdr_rho, self.pdr_rho_source)
+        fits = [[policy.fit(self.linear_names[j]) for j in idx] if cfg.quant == "dmpq" else None
+                for idx in self.block_linear_idx]
 
-        # swap the layers
-        self.modules: list[SixBitLinear] = []
-        self._originals: dict = {}
-        if cfg.quantized:
-            int8_route = INT8 if cfg.quant == "w4a8" else cfg.int8_route
-            new, self._originals = swap_linears(
-                transformer, self.linear_names, formats_=cfg.weight_formats, hadamard_block=cfg.hadamard_block,
-                fp_weights=cfg.fp_weights, int8_route=int8_route, backend=cfg.backend,
-                k_sigma=cfg.pdr_k_sigma if cfg.trace_linear_outliers else None,
-            )
-            self.modules = [new[n] for n in self.linear_names]
-        # weight-only 4-bit storage (route w4a16, never routed by DMPQ): modulation and embedder linears
-        self.weight_only_modules: list[SixBitLinear] = []
-        candidates = []
-        if cfg.modulation_weights == "nvfp4":
-            candidates += [(f"{bname}.{rel}", lin) for bname, block in blocks
-                           for rel, lin in adapter.block_linears(block, modulation=True)]
-        if cfg.embedder_weights == "nvfp4":
-            candidates += adapter.outer_linears(transformer)
-        new, orig = swap_weight_only(transformer, [n for n, lin in candidates if nvfp4_packable(lin)],
-                                     fp_weights=cfg.fp_weights, backend=cfg.backend)
-        self.weight_only_modules = list(new.values())
-        self._originals.update(orig)
-
-        # hooks
+        # swap, then the hooks that run the method and write the run the handle reads
+        self.modules, self.weight_only_modules, self._originals = _swap(transformer, blocks, adapter, cfg,
+                                                                        self.linear_names)
+        self.run = Run(self._new_trace)
+        method = Method(cfg, adapter, schedule, self.tau, self.pdr_rho)
+        self.block_hooks = [BlockHook(b, self.run, method, idx, [self.modules[j] for j in idx] if self.modules
+                                      else [], fits[b]) for b, idx in enumerate(self.block_linear_idx)]
+        self.denoiser_hook = DenoiserHook(self.run, self.block_hooks, pipe=pipe, sync_timing=cfg.sync_timing)
         self._created_registries: list[nn.Module] = []
         self._had_forward_attr: dict[int, bool] = {}
         self._hooked: list[nn.Module] = []
-        self._denoiser_hook = _DenoiserHook(self)
-        self._register(transformer, self._denoiser_hook, _DENOISER_HOOK)
-        self._block_hooks = []
-        for b, (_, block) in enumerate(blocks):
-            hook = _BlockHook(self, b)
-            self._register(block, hook, _BLOCK_HOOK)
-            self._block_hooks.append(hook)
+        self._register(transformer, self.denoiser_hook, DENOISER_HOOK)
+        for hook, (_, block) in zip(self.block_hooks, blocks):
+            self._register(block, hook, BLOCK_HOOK)
         # engineering, not the method: q/k LayerNorm + rotary embedding in one kernel (CogVideoX, CUDA)
         self._attn_processors = attention.install(blocks, ops(), cfg.backend) if cfg.fast_qk_norm else []
         HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
         transformer._sixbit_handle = self
-        self.trace = self._new_trace()
 
-    # --------------------------------------------------------------------------------------- hooks
     def _register(self, module: nn.Module, hook: ModelHook, name: str) -> None:
         if not hasattr(module, "_diffusers_hook"):
             self._created_registries.append(module)
@@ -284,15 +199,11 @@ class SixBitHandle:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
         self._hooked.append(module)
 
-    def _managers(self) -> list[StateManager]:
-        return [self._denoiser_hook.state_manager] + [h.state_manager for h in self._block_hooks]
-
     def _new_trace(self) -> Trace:
         try:
             device = next(p.device for p in self.transformer.parameters())
         except StopIteration:
             device = torch.device("cpu")
-        self._device = device
         config = {**self.cfg.to_dict(), "policy_resolved": self.policy.describe(), "tau_resolved": self.tau,
                   "pdr_rho_resolved": self.pdr_rho, "pdr_rho_source": self.pdr_rho_source,
                   "family": self.adapter.family, "cfg_batching": self.adapter.cfg,
@@ -305,198 +216,32 @@ class SixBitHandle:
             extra={"weight_bytes": self.memory()},
         )
 
-    # ---------------------------------------------------------------------------------- run control
-    def _start_run(self, ctx: CacheContext) -> None:
-        for m in self._managers():
-            m.reset()
-            m.set_context(ctx)
-        self.trace = self._new_trace()
-        self.schedule_overrides = 0
-        self._run_active = True
-        if self._device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self._device)
-
-    def _end_run(self) -> None:
-        if self._run_active and self.trace.steps:
-            self.trace.close_step(len(self.trace.steps) - 1)
-        self.trace.finished = True
-        self._run_active = False
-        self._cur = None
-
-    def reset(self) -> None:
-        """Forget every cache now (the next transformer call starts a new run)."""
-        for m in self._managers():
-            m.reset()
-        self._run_active = False
-        self._cur = None
-
-    def _begin_call(self, args, kwargs) -> None:
-        mgr = self._denoiser_hook.state_manager
-        if mgr._context is None:  # called outside a pipeline's cache_context
-            ctx = CacheContext(_DEFAULT_CONTEXT)
-            for m in self._managers():
-                m.set_context(ctx)
-            self._own_context = True
-        ctx = mgr.context
-        hs = _arg(self.transformer, "hidden_states", args, kwargs)
-        t = _arg(self.transformer, "timestep", args, kwargs)
-        t_val = float(t.detach().float().max()) if isinstance(t, torch.Tensor) else float(t if t is not None else 0)
-        enc = _arg(self.transformer, "encoder_hidden_states", args, kwargs)
-        shape = (tuple(hs.shape), tuple(enc.shape) if isinstance(enc, torch.Tensor) else None)
-        st = mgr.get_state()
-        if not self._run_active or (st.step > 0 and (shape != st.shape or t_val > st.last_t)):
-            self._start_run(ctx)
-            st = mgr.get_state()
-        step = st.step
-        st.step += 1
-        st.last_t, st.shape = t_val, shape
-        if step > 0 and ctx.name == next(iter(self.trace.steps[step - 1].branches), None):
-            self.trace.close_step(step - 1)
-        num_steps = ctx.num_inference_steps or getattr(self.pipe, "_num_timesteps", None)
-        rec = self.trace.branch(step, ctx.name, t_val)
-        self._cur = _Current(ctx.name, step, num_steps, rec, time.perf_counter())
-
-    def _end_call(self) -> None:
-        cur = self._cur
-        if cur is None:
-            return
-        if self._device.type == "cuda":
-            if self.cfg.sync_timing:
-                torch.cuda.synchronize(self._device)
-            self.trace.peak_mem_bytes = int(torch.cuda.max_memory_allocated(self._device))
-        self.trace.add_time(cur.step, time.perf_counter() - cur.t0)
-        self.trace.extra["schedule_overrides"] = self.schedule_overrides
-        if cur.num_steps is not None and cur.step >= cur.num_steps - 1:
-            # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
-            # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)
-            for h in self._block_hooks:
-                h.state_manager.get_state().delta = None
-        self._cur = None
-        if self._own_context:
-            for m in self._managers():
-                m.set_context(None)
-            self._own_context = False
+    # -------------------------------------------------------------------------------------- public
+    @property
+    def trace(self) -> Trace:
+        """The record of the current (or last) pipeline call."""
+        return self.run.trace
 
     @property
     def current(self) -> tuple[str, int] | None:
         """(branch, step) of the transformer call in progress, or None."""
-        return None if self._cur is None else (self._cur.branch, self._cur.step)
+        call = self.run.call
+        return None if call is None else (call.branch, call.step)
 
-    # ----------------------------------------------------------------------------------- one block
-    def _block_stats(self, outs, streams, old, keep: bool):
-        """(Δ per stream or None, [‖Δ‖₁, ‖in‖₁ of the video stream (Γ), and with ``old`` the delta-change
-        sums]) — one pass per stream with the Triton kernel on the GPU, the torch reference elsewhere."""
-        k = ops()
-        if k.block_stats_supported(outs, streams, old, self.cfg.backend):
-            deltas, sums = k.block_stats(outs, streams, old, write=keep)
-            return deltas, (sums if old is not None else sums[:2])
-        deltas = [o - s for o, s in zip(outs, streams)]
-        stats = [*gamma_sums(deltas[0], streams[0])]
-        if old is not None:
-            stats += [*tdc_rule.delta_change_sums(deltas, old)]
-        return deltas, torch.stack([s.to(torch.float64) for s in stats])
+    @property
+    def reduce_stats(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """Optional ``fn(tensor) -> tensor`` applied to every decision statistic before it is read: set
+        it to an all-reduce under context parallelism (``sixbit.hooks.Run.read``)."""
+        return self.run.reduce_stats
 
-    def _outlier_count(self, x: torch.Tensor, k_sigma: float):
-        """``formats.outlier_count`` through the kernels (one read on the GPU): PDR's counter."""
-        return ops().outlier_count(x, k_sigma, self.cfg.backend)
+    @reduce_stats.setter
+    def reduce_stats(self, fn: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.run.reduce_stats = fn
 
-    def _read(self, stats: torch.Tensor) -> list[float]:
-        t = stats.to(torch.float64)
-        if self.reduce_stats is not None:
-            t = self.reduce_stats(t)
-        return t.tolist()
+    def reset(self) -> None:
+        """Forget every cache now (the next transformer call starts a new run)."""
+        self.denoiser_hook.forget()
 
-    def _run_block(self, hook: _BlockHook, module: nn.Module, args, kwargs):
-        cur = self._cur
-        if cur is None:  # block called outside a transformer call: plain forward
-            return hook.fn_ref.original_forward(*args, **kwargs)
-        cfg, b, i, rec = self.cfg, hook.index, cur.step, cur.rec
-        bs: BlockState = hook.state_manager.get_state()
-        streams = self.adapter.streams_in(module, args, kwargs)
-        idx = self.block_linear_idx[b]
-        cached = bs.delta is not None and all(d.shape == s.shape for d, s in zip(bs.delta, streams))
-
-        # ---- TDC: skip or compute
-        if self.schedule is not None:
-            skip = not self.schedule.computed(cur.branch, i, b)
-            if skip and not cached:
-                self.schedule_overrides += 1
-                skip = False
-        else:
-            skip = cached and tdc_rule.decide(bs, i, cur.num_steps, cfg)
-        if skip:
-            out = [s + d for s, d in zip(streams, bs.delta)]
-            bs.acc_err += bs.delta_sim or 0.0
-            bs.skipped_last = True
-            rec.blocks[b] = {"computed": False, "skipped": True, "pdr": False, "gamma": None,
-                             "delta_sim": bs.delta_sim, "acc_err": bs.acc_err, "outlier_ratio": None,
-                             "mode": "skip"}
-            for j in idx:
-                rec.routes[j] = SKIPPED
-                rec.pred_err[j] = None
-            return self.adapter.rebuild(out)
-
-        # ---- routes
-        n = len(idx)
-        preds: list[float | None] = [None] * n
-        fired, oratio = False, None
-        if not cfg.quantized:
-            mode, routes = "fp", [FP16] * n
-        elif i < cfg.warmup_steps:
-            mode, routes = "warmup", [FP16] * n
-        elif cfg.quant in STATIC:
-            mode, routes = "static", [STATIC[cfg.quant]] * n
-        else:
-            next_skip, replayed = None, None
-            if self.schedule is not None:
-                next_skip = not self.schedule.computed(cur.branch, i + 1, b)
-                replayed = self.schedule.block_routes(cur.branch, i, b, n)
-            mode = None
-            if pdr_rule.applies(cfg, i, cur.num_steps, next_skip):
-                c, tot = self._read(pdr_rule.outlier_sums(streams, cfg.pdr_k_sigma, self._outlier_count))
-                oratio = c / tot if tot else 0.0
-                if pdr_rule.purify(oratio, self.pdr_rho) and replayed is None:
-                    fired, mode, routes = True, "pdr", [FP16] * n
-            if replayed is not None:  # recorded routes (the live rule's cost above is still paid)
-                mode, routes = "replay", replayed
-            if mode is None:
-                if bs.gamma is None or (bs.skipped_last and cfg.after_skip == "int8"):
-                    mode, routes = ("after_skip" if bs.skipped_last else "no_gamma"), [INT8] * n
-                else:
-                    mode = "dmpq"
-                    routes, preds = self.routers[b].route(bs.gamma)
-        if self.modules:
-            for k, j in enumerate(idx):
-                self.modules[j].route = routes[k]
-
-        # ---- compute, measure, refresh
-        output = hook.fn_ref.original_forward(*args, **kwargs)
-        outs = self.adapter.streams_out(output)
-        keep = cfg.tdc or self.schedule is not None
-        compare = cached and keep
-        deltas, sums = self._block_stats(outs, streams, bs.delta if compare else None, keep)
-        vals = self._read(sums)
-        bs.gamma = ratio(vals[0], vals[1])
-        if compare:
-            bs.delta_sim = ratio(vals[2], vals[3]) / max(1, i - bs.last_step)
-        if keep:
-            bs.delta = deltas
-        bs.acc_err = 0.0
-        bs.last_step = i
-        bs.skipped_last = False
-        rec.blocks[b] = {"computed": True, "skipped": False, "pdr": fired, "gamma": bs.gamma,
-                         "delta_sim": bs.delta_sim, "acc_err": 0.0, "outlier_ratio": oratio, "mode": mode}
-        for k, j in enumerate(idx):
-            if self.modules:
-                m = self.modules[j]
-                rec.routes[j] = display(routes[k])
-                rec.lin_outliers[j] = m.last_outliers
-            else:
-                rec.routes[j] = FP16
-            rec.pred_err[j] = preds[k]
-        return output
-
-    # -------------------------------------------------------------------------------------- public
     def memory(self) -> dict[str, int]:
         """Weight bytes: ``packed_bytes`` (the swapped layers' packed weights, resident with the model),
         ``original_bytes`` (what those layers held), ``fp_bytes_on_device`` (originals kept on the device,
@@ -526,7 +271,7 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (_DENOISER_HOOK, _BLOCK_HOOK):
+            for name in (DENOISER_HOOK, BLOCK_HOOK):
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)
@@ -549,7 +294,6 @@ class SixBitHandle:
 
     def __exit__(self, *exc):
         self.remove()
-
 
 def apply(pipe, cfg: SixBitConfig | str | None = None, *, policy: Policy | str | Path | None = None,
           schedule: SkipSchedule | dict | str | Path | None = None) -> SixBitHandle:

@@ -12,7 +12,7 @@ Similarity of two computed deltas (relative L1, summed over streams, per step of
 where t' is the block's previous computed step. 0 means "identical"; it is a *change rate*, so a delta
 recomputed after k skipped steps is judged per step, not penalised for the gap.
 
-Decision at step t (``decide``): skip iff
+Decision at step t (``decide``; the block hook in ``sixbit.hooks`` holds the state): skip iff
 
 * TDC is on, t ≥ ``tdc_first`` and t < num_steps − ``tdc_last`` (the first/last K steps never skip);
 * two computed deltas exist (``delta_sim`` is known);
@@ -44,27 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers.hooks.hooks import BaseState
 
-from sixbit.dmpq import l1
+from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS
 
-__all__ = ["BlockState", "delta_change_sums", "decide", "SkipSchedule"]
-
-
-class BlockState(BaseState):
-    """Per block, per cache context: the cached deltas and the statistics of the decisions."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self, *args, **kwargs) -> None:
-        self.delta: list[torch.Tensor] | None = None  # cached Δ per stream
-        self.gamma: float | None = None  # Γ at the last computed step
-        self.delta_sim: float | None = None  # change rate between the last two computed deltas
-        self.acc_err: float = 0.0
-        self.last_step: int | None = None  # last computed step
-        self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
+__all__ = ["delta_change_sums", "change_rate", "decide", "accumulate", "SkipSchedule"]
 
 
 def delta_change_sums(new: list[torch.Tensor], old: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,17 +58,29 @@ def delta_change_sums(new: list[torch.Tensor], old: list[torch.Tensor]) -> tuple
     return num, den
 
 
-def decide(state: BlockState, step: int, num_steps: int | None, cfg) -> bool:
-    """True when the block may be skipped at ``step`` (see the module docstring)."""
+def change_rate(num: float, den: float, step: int, last_step: int) -> float:
+    """``delta_sim`` from :func:`delta_change_sums` read to the host: the relative change per step of
+    distance between the delta computed at ``step`` and the one computed at ``last_step``."""
+    return ratio(num, den) / max(1, step - last_step)
+
+
+def decide(delta_sim: float | None, acc_err: float, step: int, num_steps: int | None, cfg) -> bool:
+    """True when a block holding a cached delta may be skipped at ``step`` (see the module docstring):
+    ``delta_sim`` is its change rate at the last refresh (None before two computed deltas), ``acc_err``
+    the skip error accumulated since."""
     if not cfg.tdc or step < cfg.tdc_first:
         return False
     if num_steps is not None and step >= num_steps - cfg.tdc_last:
         return False
-    if state.delta is None or state.delta_sim is None:
+    if delta_sim is None or delta_sim > cfg.tdc_threshold:
         return False
-    if state.delta_sim > cfg.tdc_threshold:
-        return False
-    return state.acc_err + state.delta_sim <= cfg.tdc_budget
+    return acc_err + delta_sim <= cfg.tdc_budget
+
+
+def accumulate(acc_err: float, delta_sim: float | None) -> float:
+    """The skip error after one more skip: linear drift by the last change rate (a replayed schedule may
+    skip before a rate exists: nothing is added then). A computed step resets it to 0."""
+    return acc_err + (delta_sim or 0.0)
 
 
 SCHEDULE_FORMAT = "sixbit-skip-schedule"

@@ -130,18 +130,6 @@ def test_pdr_fires_on_injected_outliers_not_on_clean_input():
     assert d["summary"]["pdr_count"] == len(d["steps"]) - 3
 
 
-def test_outlier_statistic_is_additive():
-    g = torch.Generator().manual_seed(0)
-    clean = torch.randn(2, 64, 128, generator=g)
-    dirty = clean.clone()
-    dirty[0, :8, 3] = 1000.0
-    text = torch.randn(2, 16, 128, generator=g)
-    c = pdr_rule.outlier_sums([clean, text], 8.0)
-    d = pdr_rule.outlier_sums([dirty, text], 8.0)
-    assert c.tolist() == [0.0, clean.numel() + text.numel()]
-    assert d[0] == 8 and d[1] == c[1]
-
-
 def test_first_computed_step_after_a_skip_uses_int8():
     pipe = tiny_cogvideox_pipeline(seed=0)
     cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
@@ -293,7 +281,7 @@ def test_cached_deltas_are_freed_after_the_last_step():
     held = []
 
     def watch(mod, args, output):  # after every transformer call: how many blocks hold a cached delta
-        held.append(sum(st.delta is not None for h in handle._block_hooks
+        held.append(sum(st.delta is not None for h in handle.block_hooks
                         for st in h.state_manager._state_cache.values()))
 
     pipe.transformer.register_forward_hook(watch)

@@ -1,0 +1,353 @@
+"""The diffusers hooks that run the method; each owns its logic and its per-context state.
+
+Both are stateful ``diffusers.hooks.ModelHook``\\ s with a ``StateManager``, so every ``cache_context``
+(CFG branch: ``"cond_uncond"`` for CogVideoX, ``"cond"`` and ``"uncond"`` for Wan) has its own state,
+reset by the pipeline's ``maybe_free_model_hooks()`` at the end of every call:
+
+* :class:`DenoiserHook`, on the transformer: counts the steps of each branch, starts a new run (fresh
+  caches, fresh trace) when a call begins — also if the previous call died without the reset (a new run
+  is recognised by a changed input shape or a timestep that went up: schedulers run timesteps downwards,
+  second-order ones may repeat one) — times each step, and frees the cached deltas after the last one;
+* :class:`BlockHook`, on every transformer block (``new_forward``): skip or compute (``tdc.decide``, or
+  a replayed :class:`~sixbit.tdc.SkipSchedule`); for a computed block the routes (``dmpq.route``, after
+  PDR's measurement where ``pdr.applies``), the block itself, its statistics (Γ, the delta change), the
+  cache refresh; and the block's row of the trace.
+
+Both write a :class:`Run` — the trace of the current run, the call in progress, the run's counters — that
+the handle (``sixbit.engine``) reads. The rules are pure functions in the files named after them; the
+hooks measure, call them, and apply and record what they return.
+
+Context parallelism: every decision statistic is an additive sum held in a tensor — Γ's and the delta
+change's sums (one stacked tensor per computed block, ``ops.block_stats`` on the GPU), PDR's outlier
+counts — and :meth:`Run.read` is the one place where they leave the device: ``Run.reduce_stats`` (an
+all-reduce across ranks, when set) is applied there first, so every rank takes the same decision from the
+global sums. The accumulated skip error is derived from the reduced change rates, so it agrees too. Host
+reads: per computed block one for the statistics, plus one for PDR's counts where PDR checks; none for a
+skipped block; per step the timestep (run detection) and, on CUDA with ``sync_timing``, one synchronize.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers.hooks.hooks import BaseState, CacheContext, ModelHook, StateManager
+
+from sixbit import dmpq, pdr, tdc
+from sixbit.linear import ops
+from sixbit.routes import SKIPPED, display
+
+__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "block_stats", "DENOISER_HOOK",
+           "BLOCK_HOOK"]
+
+DENOISER_HOOK = "sixbit_denoiser"
+BLOCK_HOOK = "sixbit_block"
+DEFAULT_CONTEXT = "default"
+
+
+@dataclass
+class Call:
+    """The transformer call in progress: its branch (cache context), step, step count and trace record."""
+
+    branch: str
+    step: int
+    num_steps: int | None
+    rec: Any
+    t0: float
+
+
+class Run:
+    """What the hooks write and the handle reads: the live trace, the call in progress, the counters."""
+
+    def __init__(self, new_trace: Callable[[], Any]):
+        self.new_trace = new_trace
+        self.trace = new_trace()
+        self.call: Call | None = None
+        self.active = False
+        self.schedule_overrides = 0
+        #: optional ``fn(tensor) -> tensor`` applied to every statistics tensor before it is read (all-reduce)
+        self.reduce_stats: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.trace.device)
+
+    def start(self) -> None:
+        self.trace = self.new_trace()
+        self.schedule_overrides = 0
+        self.active = True
+
+    def end(self) -> None:
+        if self.active and self.trace.steps:
+            self.trace.close_step(len(self.trace.steps) - 1)
+        self.trace.finished = True
+        self.active = False
+        self.call = None
+
+    def read(self, stats: torch.Tensor) -> list[float]:
+        """The one place where decision statistics are reduced across ranks and read to the host."""
+        t = stats.to(torch.float64)
+        if self.reduce_stats is not None:
+            t = self.reduce_stats(t)
+        return t.tolist()
+
+
+@dataclass(frozen=True)
+class Method:
+    """What the handle resolved once and every block hook decides with."""
+
+    cfg: Any
+    adapter: Any
+    schedule: tdc.SkipSchedule | None
+    tau: float
+    rho: float
+
+
+# ---------------------------------------------------------------------------------------- denoiser
+
+
+class StepState(BaseState):
+    def __init__(self):
+        self.reset()
+
+    def reset(self, *args, **kwargs):
+        self.step = 0
+        self.last_t: float | None = None
+        self.shape: tuple | None = None
+
+
+def _arg(module, name: str, args: tuple, kwargs: dict):
+    """Argument ``name`` of ``module.forward`` from a call's args/kwargs (None when absent)."""
+    if name in kwargs:
+        return kwargs[name]
+    params = _PARAMS.get(type(module))
+    if params is None:
+        params = _PARAMS[type(module)] = list(inspect.signature(type(module).forward).parameters)[1:]
+    i = params.index(name) if name in params else None
+    return args[i] if i is not None and i < len(args) else None
+
+
+_PARAMS: dict[type, list[str]] = {}
+
+
+class DenoiserHook(ModelHook):
+    """On the transformer: run detection, step counting per branch, step timing (module docstring)."""
+
+    _is_stateful = True
+
+    def __init__(self, run: Run, blocks: list[BlockHook], *, pipe, sync_timing: bool):
+        super().__init__()
+        self.run = run
+        self.blocks = blocks
+        self.pipe = pipe
+        self.sync_timing = sync_timing
+        self.state_manager = StateManager(StepState)
+        self._own_context = False
+
+    def managers(self) -> list[StateManager]:
+        return [self.state_manager] + [b.state_manager for b in self.blocks]
+
+    def forget(self) -> None:
+        """Drop every cache and counter now (the next transformer call starts a new run)."""
+        for m in self.managers():
+            m.reset()
+        self.run.active = False
+        self.run.call = None
+
+    def _start_run(self, ctx: CacheContext) -> None:
+        for m in self.managers():
+            m.reset()
+            m.set_context(ctx)
+        self.run.start()
+        if self.run.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.run.device)
+
+    def pre_forward(self, module, *args, **kwargs):
+        mgr, run = self.state_manager, self.run
+        if mgr._context is None:  # called outside a pipeline's cache_context
+            ctx = CacheContext(DEFAULT_CONTEXT)
+            for m in self.managers():
+                m.set_context(ctx)
+            self._own_context = True
+        ctx = mgr.context
+        hs = _arg(module, "hidden_states", args, kwargs)
+        t = _arg(module, "timestep", args, kwargs)
+        t_val = float(t.detach().float().max()) if isinstance(t, torch.Tensor) else float(t if t is not None else 0)
+        enc = _arg(module, "encoder_hidden_states", args, kwargs)
+        shape = (tuple(hs.shape), tuple(enc.shape) if isinstance(enc, torch.Tensor) else None)
+        st = mgr.get_state()
+        if not run.active or (st.step > 0 and (shape != st.shape or t_val > st.last_t)):
+            self._start_run(ctx)
+            st = mgr.get_state()
+        step = st.step
+        st.step += 1
+        st.last_t, st.shape = t_val, shape
+        if step > 0 and ctx.name == next(iter(run.trace.steps[step - 1].branches), None):
+            run.trace.close_step(step - 1)
+        num_steps = ctx.num_inference_steps or getattr(self.pipe, "_num_timesteps", None)
+        run.call = Call(ctx.name, step, num_steps, run.trace.branch(step, ctx.name, t_val), time.perf_counter())
+        return args, kwargs
+
+    def post_forward(self, module, output):
+        run, call = self.run, self.run.call
+        if call is None:
+            return output
+        dev = run.device
+        if dev.type == "cuda":
+            if self.sync_timing:
+                torch.cuda.synchronize(dev)
+            run.trace.peak_mem_bytes = int(torch.cuda.max_memory_allocated(dev))
+        run.trace.add_time(call.step, time.perf_counter() - call.t0)
+        run.trace.extra["schedule_overrides"] = run.schedule_overrides
+        if call.num_steps is not None and call.step >= call.num_steps - 1:
+            # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
+            # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)
+            for b in self.blocks:
+                b.state_manager.get_state().delta = None
+        run.call = None
+        if self._own_context:
+            for m in self.managers():
+                m.set_context(None)
+            self._own_context = False
+        return output
+
+    def reset_state(self, module):
+        self.run.end()
+        self.state_manager.reset()
+        return module
+
+
+# ------------------------------------------------------------------------------------------- block
+
+
+class BlockState(BaseState):
+    """Per block, per cache context: the cached deltas and the host values the decisions read."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self, *args, **kwargs) -> None:
+        self.delta: list[torch.Tensor] | None = None  # cached Δ per stream
+        self.gamma: float | None = None  # Γ at the last computed step
+        self.delta_sim: float | None = None  # change rate between the last two computed deltas
+        self.acc_err: float = 0.0
+        self.last_step: int | None = None  # last computed step
+        self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
+
+
+def block_stats(outs, streams, old, keep: bool, backend: str):
+    """(Δ per stream, [‖Δ‖₁, ‖in‖₁ of the video stream (Γ), and with ``old`` the delta-change sums]) —
+    one pass per stream with the Triton kernel on the GPU, the torch reference elsewhere."""
+    k = ops()
+    if k.block_stats_supported(outs, streams, old, backend):
+        deltas, sums = k.block_stats(outs, streams, old, write=keep)
+        return deltas, (sums if old is not None else sums[:2])
+    deltas = [o - s for o, s in zip(outs, streams)]
+    stats = [*dmpq.gamma_sums(deltas[0], streams[0])]
+    if old is not None:
+        stats += [*tdc.delta_change_sums(deltas, old)]
+    return deltas, torch.stack([s.to(torch.float64) for s in stats])
+
+
+class BlockHook(ModelHook):
+    """On one transformer block: skip or compute, route, measure, refresh, record (module docstring)."""
+
+    _is_stateful = True
+
+    def __init__(self, index: int, run: Run, method: Method, linears: range, layers: list,
+                 fits: list | None):
+        super().__init__()
+        self.index = index
+        self.run = run
+        self.method = method
+        self.linears = linears  # this block's routed linears: indices into the trace's linear list
+        self.layers = layers  # their SixBitLinear modules (none with quantization off)
+        self.fits = fits  # their calibrated lines (DMPQ only)
+        self.state_manager = StateManager(BlockState)
+
+    def new_forward(self, module, *args, **kwargs):
+        call = self.run.call
+        if call is None:  # called outside a transformer call: plain forward
+            return self.fn_ref.original_forward(*args, **kwargs)
+        st: BlockState = self.state_manager.get_state()
+        streams = self.method.adapter.streams_in(module, args, kwargs)
+        cached = st.delta is not None and all(d.shape == s.shape for d, s in zip(st.delta, streams))
+        if self._skips(call, st, cached):
+            return self._reuse(call, st, streams)
+        routing, oratio = self._route(call, st, streams)
+        for m, r in zip(self.layers, routing.routes):
+            m.route = r
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
+        self._record(call, st, routing, oratio)
+        return output
+
+    def _skips(self, call: Call, st: BlockState, cached: bool) -> bool:
+        sched = self.method.schedule
+        if sched is None:
+            return cached and tdc.decide(st.delta_sim, st.acc_err, call.step, call.num_steps, self.method.cfg)
+        skip = not sched.computed(call.branch, call.step, self.index)
+        if skip and not cached:  # a replayed skip with nothing cached computes instead
+            self.run.schedule_overrides += 1
+            return False
+        return skip
+
+    def _reuse(self, call: Call, st: BlockState, streams):
+        out = [s + d for s, d in zip(streams, st.delta)]
+        st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
+        st.skipped_last = True
+        call.rec.blocks[self.index] = {"computed": False, "skipped": True, "pdr": False, "gamma": None,
+                                       "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
+                                       "mode": "skip"}
+        for j in self.linears:
+            call.rec.routes[j] = SKIPPED
+            call.rec.pred_err[j] = None
+        return self.method.adapter.rebuild(out)
+
+    def _route(self, call: Call, st: BlockState, streams) -> tuple[dmpq.Routing, float | None]:
+        cfg, sched, i = self.method.cfg, self.method.schedule, call.step
+        next_skip = replayed = None
+        if sched is not None:
+            next_skip = not sched.computed(call.branch, i + 1, self.index)
+            replayed = sched.block_routes(call.branch, i, self.index, len(self.linears))
+        oratio = None
+        if pdr.applies(cfg, i, call.num_steps, next_skip):
+            counter = lambda x, k: ops().outlier_count(x, k, cfg.backend)  # noqa: E731
+            oratio = pdr.outlier_ratio(*self.run.read(pdr.outlier_sums(streams, cfg.pdr_k_sigma, counter)))
+        routing = dmpq.route(cfg, i, len(self.linears), gamma=st.gamma, skipped_last=st.skipped_last,
+                             fits=self.fits, tau=self.method.tau, outlier_ratio=oratio, rho=self.method.rho,
+                             replayed=replayed)
+        return routing, oratio
+
+    def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> None:
+        keep = self.method.cfg.tdc or self.method.schedule is not None
+        compare = cached and keep
+        deltas, sums = block_stats(outs, streams, st.delta if compare else None, keep, self.method.cfg.backend)
+        vals = self.run.read(sums)
+        st.gamma = dmpq.ratio(vals[0], vals[1])
+        if compare:
+            st.delta_sim = tdc.change_rate(vals[2], vals[3], call.step, st.last_step)
+        if keep:
+            st.delta = deltas
+        st.acc_err = 0.0
+        st.last_step = call.step
+        st.skipped_last = False
+
+    def _record(self, call: Call, st: BlockState, routing: dmpq.Routing, oratio: float | None) -> None:
+        rec = call.rec
+        rec.blocks[self.index] = {"computed": True, "skipped": False, "pdr": routing.pdr, "gamma": st.gamma,
+                                  "delta_sim": st.delta_sim, "acc_err": 0.0, "outlier_ratio": oratio,
+                                  "mode": routing.mode}
+        for k, j in enumerate(self.linears):
+            rec.routes[j] = display(routing.routes[k])
+            rec.pred_err[j] = routing.pred_err[k]
+            if self.layers:
+                rec.lin_outliers[j] = self.layers[k].last_outliers
+
+    def reset_state(self, module):
+        self.state_manager.reset()
+        return module

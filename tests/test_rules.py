@@ -1,0 +1,155 @@
+"""The method's decision rules without a pipeline: plain tensors, configs and numbers in, decisions out.
+
+``dmpq.route`` (the whole route ladder of a computed block), ``pdr.applies``/``purify``/``outlier_sums``,
+``tdc.decide``/``accumulate``/``change_rate``, and the statistics the block hook reads (additive sums, so an
+all-reduce across ranks before ``Run.read`` gives the decision of the whole tensor).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sixbit import dmpq, pdr, tdc
+from sixbit.config import SixBitConfig
+from sixbit.hooks import Run, block_stats
+from sixbit.policy import LinearFit
+
+N = 3
+FITS = [LinearFit(1.0, 0.0), LinearFit(2.0, 0.1), LinearFit(0.5, 0.0)]  # E = Γ, 2Γ + 0.1, Γ / 2
+
+
+def cfg(**kw) -> SixBitConfig:
+    base = dict(quant="dmpq", tdc=True, pdr=True, warmup_steps=1, after_skip="int8", tdc_first=2, tdc_last=1,
+                tdc_threshold=0.2, tdc_budget=0.5, policy=None)
+    return SixBitConfig(**{**base, **kw})
+
+
+def route(c, step=5, **kw):
+    kw = {"gamma": 0.1, "fits": FITS, "tau": 0.2, "rho": 1e-3, **kw}
+    return dmpq.route(c, step, N, **kw)
+
+
+# ------------------------------------------------------------------------------------------ the ladder
+
+
+def test_dmpq_routes_int8_exactly_where_the_predicted_error_exceeds_tau():
+    r = route(cfg(), gamma=0.1, tau=0.2)
+    assert r.mode == "dmpq" and not r.pdr
+    assert r.pred_err == pytest.approx([0.1, 0.3, 0.05])
+    assert r.routes == ["nvfp4", "int8", "nvfp4"]
+    # E == τ stays NVFP4 (strictly greater goes INT8)
+    assert route(cfg(), gamma=0.2, tau=0.2).routes == ["nvfp4", "int8", "nvfp4"]
+    assert route(cfg(), gamma=0.0, tau=0.0).routes == ["nvfp4", "int8", "nvfp4"]
+    assert route(cfg(), gamma=1.0, tau=10.0).routes == ["nvfp4"] * 3
+
+
+def test_precedence_off_warmup_static_before_everything():
+    dirty = dict(outlier_ratio=0.5, replayed=["int8"] * N, gamma=None, skipped_last=True)
+    assert (route(cfg(quant="off"), **dirty).mode, route(cfg(quant="off"), **dirty).routes) == ("fp", ["fp16"] * N)
+    w = route(cfg(warmup_steps=6), step=5, **dirty)
+    assert (w.mode, w.routes, w.pdr) == ("warmup", ["fp16"] * N, False)
+    for quant, r in (("w4a4", "nvfp4"), ("w4a8", "int8"), ("w8a8", "w8a8")):
+        s = route(cfg(quant=quant), **dirty)
+        assert (s.mode, s.routes, s.pred_err) == ("static", [r] * N, [None] * N)
+
+
+def test_pdr_fires_above_rho_and_yields_to_a_replayed_route():
+    p = route(cfg(), outlier_ratio=2e-3, rho=1e-3)
+    assert (p.mode, p.routes, p.pdr, p.pred_err) == ("pdr", ["fp16"] * N, True, [None] * N)
+    assert route(cfg(), outlier_ratio=1e-3, rho=1e-3).mode == "dmpq"  # strictly above ρ
+    assert route(cfg(), outlier_ratio=None, rho=0.0).mode == "dmpq"  # not checked: no purification
+    rep = route(cfg(), outlier_ratio=0.5, replayed=["int8", "fp16", "nvfp4"])
+    assert (rep.mode, rep.routes, rep.pdr) == ("replay", ["int8", "fp16", "nvfp4"], False)
+
+
+def test_after_a_skip_or_without_gamma_every_layer_runs_int8():
+    a = route(cfg(), gamma=0.1, skipped_last=True)
+    assert (a.mode, a.routes, a.pred_err) == ("after_skip", ["int8"] * N, [None] * N)
+    assert route(cfg(after_skip="dmpq"), gamma=0.1, skipped_last=True).mode == "dmpq"  # the stale Γ
+    n = route(cfg(), gamma=None)
+    assert (n.mode, n.routes) == ("no_gamma", ["int8"] * N)
+    assert route(cfg(after_skip="dmpq"), gamma=None, skipped_last=True).mode == "after_skip"
+
+
+# --------------------------------------------------------------------------------------------- PDR
+
+
+def test_pdr_applies_where_the_delta_may_be_reused():
+    c = cfg()  # warm-up 1, tdc_first 2, tdc_last 1, 10 steps: the next step must be in [2, 9)
+    assert [pdr.applies(c, t, 10) for t in range(10)] == [False, True, True, True, True, True, True, True,
+                                                          False, False]
+    assert pdr.applies(c, 5, None)  # unknown length: no upper bound
+    assert pdr.applies(c, 8, 10, next_skip=True) and not pdr.applies(c, 5, 10, next_skip=False)  # a replay
+    for off in (dict(pdr=False), dict(tdc=False), dict(quant="off"), dict(quant="w4a4")):
+        assert not any(pdr.applies(cfg(**off), t, 10, nxt) for t in range(10) for nxt in (None, True))
+    assert not pdr.applies(cfg(warmup_steps=4), 3, 10, next_skip=True)
+
+
+def test_outlier_statistic_is_additive():
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randn(2, 64, 128, generator=g)
+    dirty = clean.clone()
+    dirty[0, :8, 3] = 1000.0
+    text = torch.randn(2, 16, 128, generator=g)
+    c = pdr.outlier_sums([clean, text], 8.0)
+    d = pdr.outlier_sums([dirty, text], 8.0)
+    assert c.tolist() == [0.0, clean.numel() + text.numel()]
+    assert d[0] == 8 and d[1] == c[1]
+    # the sums of two token slices (two ranks) add up to the whole: all-reducible
+    halves = [pdr.outlier_sums([dirty[:, :32], text[:, :8]], 8.0), pdr.outlier_sums([dirty[:, 32:], text[:, 8:]], 8.0)]
+    assert torch.equal(halves[0] + halves[1], d)
+    assert pdr.outlier_ratio(*d.tolist()) == 8 / d[1].item() and pdr.outlier_ratio(0.0, 0.0) == 0.0
+    assert pdr.purify(2e-3, 1e-3) and not pdr.purify(1e-3, 1e-3)
+
+
+# --------------------------------------------------------------------------------------------- TDC
+
+
+def test_tdc_skips_inside_the_window_under_threshold_and_budget():
+    c = cfg()
+    assert tdc.decide(0.1, 0.0, 5, 10, c)
+    assert not tdc.decide(0.1, 0.0, 1, 10, c) and not tdc.decide(0.1, 0.0, 9, 10, c)  # first 2, last 1
+    assert tdc.decide(0.1, 0.0, 9, None, c)  # unknown length: the last-K rule is off
+    assert not tdc.decide(None, 0.0, 5, 10, c)  # one computed delta: no change rate yet
+    assert tdc.decide(0.2, 0.0, 5, 10, c) and not tdc.decide(0.21, 0.0, 5, 10, c)  # threshold inclusive
+    assert tdc.decide(0.2, 0.3, 5, 10, c) and not tdc.decide(0.2, 0.31, 5, 10, c)  # budget inclusive
+    assert not tdc.decide(0.0, 0.0, 5, 10, cfg(tdc=False))
+
+
+def test_skip_error_drifts_linearly_and_change_rate_is_per_step():
+    acc = 0.0
+    for _ in range(3):
+        acc = tdc.accumulate(acc, 0.125)
+    assert acc == 0.375 and tdc.accumulate(0.5, None) == 0.5
+    assert tdc.change_rate(3.0, 4.0, 7, 4) == pytest.approx(0.25)  # 0.75 over three steps
+    assert tdc.change_rate(3.0, 4.0, 5, 4) == 0.75
+    assert tdc.change_rate(0.0, 0.0, 5, 4) == 0.0 and math.isinf(tdc.change_rate(1.0, 0.0, 5, 4))
+
+
+# ---------------------------------------------------------------------------------- the statistics
+
+
+def test_block_statistics_are_additive_sums_read_in_one_place():
+    g = torch.Generator().manual_seed(1)
+    ins = [torch.randn(2, 40, 32, generator=g), torch.randn(2, 8, 32, generator=g)]
+    outs = [x + 0.1 * torch.randn(x.shape, generator=g) for x in ins]
+    old = [0.9 * (o - i) for o, i in zip(outs, ins)]
+    deltas, sums = block_stats(outs, ins, old, keep=True, backend="torch")
+    assert all(torch.equal(d, o - i) for d, o, i in zip(deltas, outs, ins))
+    ref = torch.stack([*dmpq.gamma_sums(deltas[0], ins[0]), *tdc.delta_change_sums(deltas, old)]).double()
+    assert sums.dtype == torch.float64 and torch.equal(sums, ref)
+    assert block_stats(outs, ins, None, keep=False, backend="torch")[1].shape == (2,)  # Γ's two sums only
+    # two token slices (ranks): their sums add up to the whole tensor's
+    parts = [block_stats([o[:, s] for o in outs], [i[:, s] for i in ins], [d[:, s] for d in old], True, "torch")[1]
+             for s in (slice(0, 4), slice(4, None))]
+    assert torch.allclose(parts[0] + parts[1], sums, rtol=1e-5)
+    # Run.read is where they would be all-reduced: the hook sees fp64 and its result is what is read
+    run = Run(lambda: None)
+    seen = []
+    run.reduce_stats = lambda t: (seen.append(t.dtype), t * 2)[1]
+    assert run.read(sums.float()) == pytest.approx((2 * sums).tolist()) and seen == [torch.float64]
+    vals = Run(lambda: None).read(sums)
+    assert dmpq.ratio(vals[0], vals[1]) == pytest.approx(float(deltas[0].abs().sum() / ins[0].abs().sum()), rel=1e-5)
