@@ -199,19 +199,8 @@ class SixBitConfig:
         self.validate()
 
     def validate(self) -> SixBitConfig:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            meta = f.metadata
-            if "choices" in meta and v not in meta["choices"]:
-                raise ConfigError(f"SixBitConfig.{f.name} must be one of {meta['choices']}, got {v!r}")
-            if v is None or isinstance(v, (bool, str)):
-                continue
-            if isinstance(v, float) and not math.isfinite(v) and not (f.name.startswith("tdc_") and v > 0):
-                raise ConfigError(f"SixBitConfig.{f.name} must be finite, got {v!r}")
-            if "min" in meta and v < meta["min"]:
-                raise ConfigError(f"SixBitConfig.{f.name} must be >= {meta['min']}, got {v!r}")
-            if "max" in meta and v > meta["max"]:
-                raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
+        """Check every field against its metadata (choices, min/max, finite); raises :class:`ConfigError`."""
+        _validate(self)
         return self
 
     # ------------------------------------------------------------------------------------------------------
@@ -264,6 +253,22 @@ class SixBitConfig:
                     d[k] = f.metadata[k]
             out.append(d)
         return out
+
+
+def _validate(cfg: SixBitConfig) -> None:
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        meta = f.metadata
+        if "choices" in meta and v not in meta["choices"]:
+            raise ConfigError(f"SixBitConfig.{f.name} must be one of {meta['choices']}, got {v!r}")
+        if v is None or isinstance(v, (bool, str)):
+            continue
+        if isinstance(v, float) and not math.isfinite(v) and not (f.name.startswith("tdc_") and v > 0):
+            raise ConfigError(f"SixBitConfig.{f.name} must be finite, got {v!r}")
+        if "min" in meta and v < meta["min"]:
+            raise ConfigError(f"SixBitConfig.{f.name} must be >= {meta['min']}, got {v!r}")
+        if "max" in meta and v > meta["max"]:
+            raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
 
 
 _STATIC = dict(tdc=False, pdr=False, warmup_steps=0)
