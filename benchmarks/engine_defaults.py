@@ -1,12 +1,12 @@
 """How the engine's presets behave on sixbit-mini: the numbers behind SixBitConfig's default thresholds.
 
-    python benchmarks/engine_defaults.py [--prompts 4] [--out benchmarks/results]
+    python -m benchmarks engine_defaults [--prompts 4] [--out benchmarks/results]
 
 For each preset (and a few variants) it generates the sixbit-mini default video's latents for the first
 N example prompts (seed 0) and reports the relative L2 error of the final latents against the plain
 full-precision pipeline, the fraction of block evaluations skipped, the average activation bits and the
 PDR count from the trace. Latent error is a quick proxy used to set thresholds; the quality tables with
-PSNR/SSIM/flow/adherence are ``python -m sixbit.bench quality``.
+PSNR/SSIM/flow/adherence are ``python -m benchmarks quality``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks.common import RESULTS, parse, write_results
 
 ROWS = [
     ("off", {}),
@@ -36,14 +38,13 @@ ROWS = [
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks engine_defaults", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = parse(ap, argv)
 
     import sixbit
     from sixbit import SixBitConfig
-    from sixbit.bench import write_results
     from sixbit.mini import DEFAULT_GENERATION, EXAMPLE_PROMPTS, MINI_PATH
 
     pipe = sixbit.load_pipeline(MINI_PATH, device="cpu")
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
              "outlier_ratio_quantiles": {q: float(np.quantile(outl, q)) for q in (0.05, 0.5, 0.95)}}
     print(json.dumps(stats), flush=True)
 
-    meta = {"command": f"python benchmarks/engine_defaults.py --prompts {args.prompts}", "model": "sixbit-mini",
+    meta = {"command": args.command, "model": "sixbit-mini",
             "generation": DEFAULT_GENERATION, "prompts": prompts, "seed": 0, "device": "cpu",
             "torch": torch.__version__, "python": platform.python_version()}
     md = ["# Engine presets on sixbit-mini (latent error proxy)", "",

@@ -1,6 +1,6 @@
 """sixbit-mini training-step benchmark: denoiser + text-encoder steps per second, eager vs ``torch.compile``.
 
-    python benchmarks/mini_train_step.py --out benchmarks/results/mini_train_step_h200
+    python -m benchmarks mini_train_step --out benchmarks/results/mini_train_step_h200
 
 Builds the trainer of ``sixbit.mini.train`` (untrained VAE: the step cost does not depend on its weights),
 encodes a small latent pool, then for each variant runs ``--warmup`` steps (compilation happens there) and
@@ -12,18 +12,13 @@ Writes ``<out>.json`` and ``<out>.md``.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from sixbit.bench import _env_md, _sync, environment, write_results  # noqa: E402
-from sixbit.mini import train as T  # noqa: E402
+from benchmarks.common import RESULTS, env_md, environment, parse, sync, write_results
+from sixbit.mini import train as T
 
 
 def make_trainer(args, variant: str) -> T.Trainer:
@@ -64,7 +59,7 @@ def run_variant(args, variant: str) -> dict:
     t0 = time.time()
     tr.a.dit_steps = args.warmup
     tr.train_dit()
-    _sync(dev)
+    sync(dev)
     warm_s = time.time() - t0
     if args.profile and variant == "eager" and dev.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
@@ -72,14 +67,14 @@ def run_variant(args, variant: str) -> dict:
         tr.a.dit_steps = tr.state["dit_step"] + 5
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             tr.train_dit()
-            _sync(dev)
+            sync(dev)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
     s0 = tr.state["dit_step"]
     tr.a.dit_steps = s0 + args.steps
-    _sync(dev)
+    sync(dev)
     t0 = time.time()
     tr.train_dit()
-    _sync(dev)
+    sync(dev)
     dt = time.time() - t0
     mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     row = {
@@ -100,9 +95,9 @@ def run_variant(args, variant: str) -> dict:
     return row
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="benchmarks/results/mini_train_step")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks mini_train_step", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(RESULTS / "mini_train_step"))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--variants", default="eager,compile-default")
     ap.add_argument("--batch", type=int, default=256)
@@ -110,7 +105,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--profile", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     rows = []
     for v in args.variants.split(","):
         try:
@@ -118,8 +113,7 @@ def main(argv=None):
         except Exception as e:  # a variant that fails is recorded, not fatal
             rows.append({"variant": v, "error": f"{type(e).__name__}: {e}"[:500]})
             print(rows[-1], flush=True)
-    env = environment(args.device)
-    env["command"] = "python benchmarks/mini_train_step.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    env = environment(args.device, args.command)
     base = next((r for r in rows if r["variant"] == "eager" and "steps_per_s" in r), None)
     lines = [
         "# sixbit-mini training step",
@@ -139,13 +133,14 @@ def main(argv=None):
         lines.append(
             f"| {r['variant']} | {r['steps_per_s']:.2f} | {x} | {r['warmup_seconds']} | {r['peak_gib']} |"
         )
-    md = "\n".join(lines + ["", "Environment:", "", _env_md(env), ""])
+    md = "\n".join(lines + ["", "Environment:", "", env_md(env), ""])
     jp, mp = write_results(
         Path(args.out).name, {"env": env, "args": vars(args), "rows": rows}, md, Path(args.out).parent
     )
     print(md)
     print(f"wrote {jp} and {mp}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Where a denoising step's GPU time goes: attention, 16-bit GEMMs, sixbit's kernels, everything else.
 
-Runs the CogVideoX pipeline at real size with random weights (``sixbit.bench.random_cogvideox``, random
+Runs the CogVideoX pipeline at real size with random weights (``benchmarks.common.random_cogvideox``, random
 prompt embeddings: no text encoder) for a few steps under ``torch.profiler`` and sums CUDA kernel time per
 category over the profiled steps (the first steps are skipped: warm-up, and DMPQ's full-precision first step):
 
@@ -12,7 +12,7 @@ category over the profiled steps (the first steps are skipped: warm-up, and DMPQ
 
 No TDC (every block computed), so the table is the cost of one computed block step, per configuration::
 
-    python benchmarks/step_profile.py --size 2b --out benchmarks/results/step_profile_h200_2b
+    python -m benchmarks step_profile --size 2b --out benchmarks/results/step_profile_h200_2b
 
 DMPQ routes by Γ of the random weights unless ``--schedule`` gives a recorded schedule with routes
 (``benchmarks/results/schedule_mini.json``): then the configurations with TDC (``full``, ``full_w8a8``, …)
@@ -32,10 +32,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from sixbit import bench  # noqa: E402
+from benchmarks.common import LABELS, RESULTS, environment, make_config, num_blocks, parse, random_cogvideox
 
 CATEGORIES = ("attention", "cuBLAS GEMM", "sixbit GEMM", "sixbit quantize", "other")
 
@@ -81,38 +78,40 @@ def profile(pipe, call, steps: int, skip: int) -> dict:
             "profiled_steps": n}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks step_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="2b", choices=["2b", "5b"])
     ap.add_argument("--configs", nargs="+", default=["bf16", "dmpq_only", "w8a8"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--skip", type=int, default=2, help="steps before the profiled ones")
-    ap.add_argument("--out", default="benchmarks/results/step_profile_h200_2b")
+    ap.add_argument("--out", default=str(RESULTS / "step_profile_h200_2b"))
     ap.add_argument("--schedule", default=None,
                     help="recorded schedule with routes: replayed, every block computed, by configurations with TDC")
-    args = ap.parse_args()
+    args = parse(ap, argv)
+    cmd = args.command
     if not torch.cuda.is_available():
-        sys.exit("step_profile.py needs a CUDA GPU")
+        sys.exit("the step profile needs a CUDA GPU")
     import sixbit
 
     dev = torch.device("cuda")
-    pipe = bench.random_cogvideox(args.size, dev, text_encoder=False)
+    pipe = random_cogvideox(args.size, dev, text_encoder=False)
     g = torch.Generator("cpu").manual_seed(0)
     pe = torch.randn(1, 226, 4096, generator=g).to(dev, torch.bfloat16)
     call = dict(prompt_embeds=pe, negative_prompt_embeds=torch.zeros_like(pe), height=480, width=720, num_frames=49,
                 guidance_scale=6.0, generator=torch.Generator("cpu").manual_seed(0))
-    res = {"environment": bench.environment(dev), "size": args.size, "steps": args.steps, "skip": args.skip,
-           "command": "python " + " ".join(sys.argv), "configs": {}}
+    res = {"environment": environment(dev, cmd), "size": args.size, "steps": args.steps, "skip": args.skip,
+           "command": cmd, "configs": {}}
     dense = None
     if args.schedule:
         dense = sixbit.SkipSchedule.load(args.schedule).dense()
-        dense = dense.resample(len(bench.handle_blocks(pipe.transformer)), args.steps)
+        dense = dense.resample(num_blocks(pipe.transformer), args.steps)
         res["schedule"] = {"path": args.schedule, "route_fractions": dense.route_fractions}
     for name in args.configs:
         handle = None
         try:
             if name != "bf16":
-                cfg = bench.make_config(name)
+                cfg = make_config(name)
                 handle = sixbit.apply(pipe, cfg, schedule=dense if dense is not None and cfg.tdc else None)
             pipe(**call, num_inference_steps=2, output_type="latent")  # compile / autotune, not profiled
             res["configs"][name] = profile(pipe, call, args.steps, args.skip)
@@ -140,14 +139,15 @@ def main():
         if "error" in r:
             L.append(f"| {name} | error: {r['error'][:80]} |" + " |" * len(CATEGORIES))
             continue
-        L.append(f"| {bench.LABELS.get(name, name)} | " + " | ".join(f"{r['ms_per_step'][c]:.1f}" for c in CATEGORIES)
+        L.append(f"| {LABELS.get(name, name)} | " + " | ".join(f"{r['ms_per_step'][c]:.1f}" for c in CATEGORIES)
                  + f" | {r['total_ms_per_step']:.1f} |")
     L += ["", "- " + ", ".join(f"{k}: `{env[k]}`" for k in ("gpu", "torch", "triton", "diffusers", "date") if k in env), ""]
     for name, r in res["configs"].items():
         if "top_kernels" in r:
             L += [f"Top kernels, {name}: " + "; ".join(f"`{k[:60]}` {v:.1f}" for k, v in r["top_kernels"][:6]), ""]
     out.with_suffix(".md").write_text("\n".join(L))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -142,7 +142,7 @@ class SkipSchedule:
     def dense(self) -> SkipSchedule:
         """Every cell computed, each with recorded routes: a skipped cell takes the routes of the nearest
         computed step of the same block and branch (the earlier one on a tie). For profiling the method's
-        computed step with realistic routes (``benchmarks/step_profile.py --schedule``)."""
+        computed step with realistic routes (``python -m benchmarks step_profile --schedule``)."""
         if not self.routes:
             raise ValueError("dense() needs a schedule with routes (format version 2)")
         routes = {}

@@ -1,6 +1,7 @@
-"""Smoke tests of ``python -m sixbit.bench``: every sub-command runs end to end on the CPU at toy sizes and
-writes a JSON file and a markdown table whose numbers are consistent with each other. (The numbers in
-benchmarks/results/ come from the same code at real sizes; speed is never asserted here.)"""
+"""Smoke tests of ``python -m benchmarks``: the quality, speed, weights and memory benchmarks run end to end
+on the CPU at toy sizes and write a JSON file and a markdown table whose numbers are consistent with each
+other. (The numbers in benchmarks/results/ come from the same code at real sizes; speed is never asserted
+here.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import math
 import pytest
 import torch
 
-from sixbit import bench
+from benchmarks import __main__ as cli
+from benchmarks import common, memory, quality, speed, weights
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +21,7 @@ def out(tmp_path_factory):
 
 
 def test_quality_smoke_on_sixbit_mini(out, one_thread):
-    bench.main(["quality", "--prompts", "1", "--seeds", "1", "--steps", "6", "--configs", "fp16", "w4a4", "full",
+    quality.main(["--prompts", "1", "--seeds", "1", "--steps", "6", "--configs", "fp16", "w4a4", "full",
                 "dmpq_tdc", "full_same_skips", "--pdr-rho", "0", "--tdc-threshold", "10", "--tdc-budget", "10",
                 "--out", str(out), "--name", "q"])
     data = json.loads((out / "q.json").read_text())
@@ -48,11 +50,11 @@ def test_quality_smoke_on_sixbit_mini(out, one_thread):
 
 def test_quality_same_skips_row_needs_its_source_first(out):
     with pytest.raises(SystemExit, match="dmpq_tdc"):
-        bench.main(["quality", "--prompts", "1", "--configs", "fp16", "full_same_skips", "--out", str(out)])
+        quality.main(["--prompts", "1", "--configs", "fp16", "full_same_skips", "--out", str(out)])
 
 
 def test_speed_smoke_at_tiny_size(out, one_thread):
-    bench.main(["speed", "--sizes", "tiny", "--steps", "3", "--frames", "9", "--height", "32", "--width", "32",
+    speed.main(["--sizes", "tiny", "--steps", "3", "--frames", "9", "--height", "32", "--width", "32",
                 "--configs", "bf16", "w8a8", "tdc_only", "--device", "cpu", "--out", str(out), "--name", "s"])
     data = json.loads((out / "s.json").read_text())
     rec = data["models"]["tiny"]
@@ -65,17 +67,17 @@ def test_speed_smoke_at_tiny_size(out, one_thread):
     assert "| bf16 diffusers baseline |" in md and "| static W8A8 |" in md
     # re-rendering the JSON gives the same table
     (out / "s.md").unlink()
-    bench.main(["render", str(out / "s.json")])
+    speed.main(["--render", str(out / "s.json")])
     assert (out / "s.md").read_text() == md
 
 
 def test_weights_counts_packed_bytes(out, monkeypatch):
     # the real sizes take minutes on 2 cores; a small CogVideoX has the same structure
-    monkeypatch.setitem(bench.SIZES, "2b", dict(num_attention_heads=2, attention_head_dim=32, num_layers=2,
+    monkeypatch.setitem(common.SIZES, "2b", dict(num_attention_heads=2, attention_head_dim=32, num_layers=2,
                                                  text_embed_dim=64, time_embed_dim=32, sample_height=8,
                                                  sample_width=8, sample_frames=9, max_text_seq_length=16,
                                                  in_channels=4, out_channels=4, use_rotary_positional_embeddings=True))
-    bench.main(["weights", "--sizes", "2b", "--out", str(out), "--name", "w"])
+    weights.main(["--sizes", "2b", "--out", str(out), "--name", "w"])
     r = json.loads((out / "w.json").read_text())["models"]["2b"]
     v = r["variants"]
     full, mod, emb = (v["full"], v["full, 4-bit modulation weights"],
@@ -91,10 +93,10 @@ def test_weights_counts_packed_bytes(out, monkeypatch):
 
 
 def test_weights_of_the_text_encoder(out, monkeypatch):
-    monkeypatch.setattr(bench, "T5XXL_CONFIG", dict(vocab_size=64, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+    monkeypatch.setattr(weights, "T5XXL_CONFIG", dict(vocab_size=64, d_model=64, d_kv=16, d_ff=128, num_layers=2,
                                                    num_heads=4, feed_forward_proj="gated-gelu",
                                                    is_encoder_decoder=False, use_cache=False))
-    bench.main(["weights", "--sizes", "t5xxl", "--out", str(out), "--name", "te"])
+    cli.main(["weights", "--sizes", "t5xxl", "--out", str(out), "--name", "te"])  # through python -m benchmarks
     r = json.loads((out / "te.json").read_text())["models"]["t5xxl"]
     (e,) = r["variants"].values()
     assert 1.0 < e["reduction"] < 16 / 4.5 and e["memory"]["packed_bytes"] > 0
@@ -106,7 +108,7 @@ def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatc
     from sixbit.testing import generate, tiny_cogvideox_pipeline
 
     pipe = tiny_cogvideox_pipeline(seed=0)
-    with bench.PhasePeaks(pipe, "cpu") as pp:
+    with memory.PhasePeaks(pipe, "cpu") as pp:
         generate(pipe, output_type="pt")
     assert list(pp.phases) == ["encode", "denoise", "decode"]  # on a CPU: the order only
     assert all(v == {"start_bytes": None, "peak_bytes": None} for v in pp.phases.values())
@@ -123,7 +125,7 @@ def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatc
         a, p = next(bumps)
         state.update(alloc=a, peak=max(state["peak"], p))
 
-    pp = bench.PhasePeaks(pipe, "cuda")
+    pp = memory.PhasePeaks(pipe, "cuda")
     with pp:
         work()                        # encode
         pp._enter("denoise")
@@ -137,11 +139,11 @@ def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatc
 
 
 def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
-    pipe = bench.random_cogvideox("tiny", torch.device("cpu"), torch.float32)
+    pipe = common.random_cogvideox("tiny", torch.device("cpu"), torch.float32)
     call = dict(prompt="a red circle", height=32, width=32, num_frames=9, guidance_scale=6.0, max_sequence_length=16,
                 generator=torch.Generator("cpu").manual_seed(0))
-    res = bench.pipeline_memory(pipe, call, torch.device("cpu"), None)
-    assert list(res) == list(bench.PIPELINE_MEMORY_ROWS)
+    res = memory.pipeline_memory(pipe, call, torch.device("cpu"), None)
+    assert list(res) == list(memory.PIPELINE_MEMORY_ROWS)
     for name, row in res.items():
         assert "error" not in row, (name, row.get("traceback"))
         assert list(row["phases"]) == ["encode", "denoise", "decode"] and "peak_bytes" not in row  # no bytes on CPU

@@ -1,0 +1,255 @@
+"""Speed and memory at real CogVideoX sizes (GPU): ``python -m benchmarks speed``.
+
+On a GPU at real CogVideoX sizes with random weights (49 frames 480×720, CFG batched, 50 steps): the bf16
+diffusers baseline and each configuration, all in one run, timed over the denoising loop
+(``output_type="latent"``) with per-step times, plus peak memory and the transformer's resident weight
+bytes. Random weights make TDC's and DMPQ's own decisions meaningless, so the configurations with TDC
+replay the schedule recorded on sixbit-mini with the full method (``--schedule``, written by
+``python -m benchmarks quality``; or ``--record-schedule`` first) — which blocks were skipped and, for DMPQ
+configurations, each computed block's routes (NVFP4/INT8/16-bit) — resampled to the model's depth and step
+count; the tables say so. Whole-pipeline memory (text encoder + transformer + VAE decode) is
+``python -m benchmarks memory``. ``--render FILE`` re-renders the markdown of a result JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common import (
+    LABELS,
+    RESULTS,
+    env_md,
+    environment,
+    make_config,
+    module_bytes,
+    num_blocks,
+    parse,
+    random_cogvideox,
+    resident_weight_bytes,
+    speed_call,
+    sync,
+    tdc_overrides,
+    write_results,
+)
+
+SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc",
+                 "full_stream", "full_w8a8")
+#: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
+#: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
+#: from that engineering's
+ENGINEERING_ONLY = ("bf16_fast_attn",)
+
+
+def _run_denoise(pipe, call: dict, steps: int, device) -> tuple[float, list[float]]:
+    """Time one denoising loop (latent output); per-step times from a synchronizing step callback."""
+    marks: list[float] = []
+
+    def cb(p, i, t, kw):
+        sync(device)
+        marks.append(time.perf_counter())
+        return {}
+
+    sync(device)
+    t0 = time.perf_counter()
+    pipe(**call, num_inference_steps=steps, output_type="latent", callback_on_step_end=cb)
+    sync(device)
+    total = time.perf_counter() - t0
+    edges = [t0, *marks]
+    return total, [b - a for a, b in zip(edges, edges[1:])]
+
+
+
+def speed(args) -> dict:
+    import sixbit
+    from sixbit import attention
+    from sixbit.adapters import get_adapter
+    from sixbit.linear import ops
+    from sixbit.tdc import SkipSchedule
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results: dict[str, Any] = {"benchmark": "speed", "environment": environment(device, args.command), "models": {}}
+    out = Path(args.out)
+    if args.record_schedule:
+        args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget))
+    sched = SkipSchedule.load(args.schedule) if args.schedule else None
+    results["schedule"] = {"path": args.schedule, "source": sched.source if sched else None,
+                           "skip_fraction": sched.skip_fraction if sched else None,
+                           "route_fractions": sched.route_fractions if sched else None}
+    for size in args.sizes:
+        t_build = time.perf_counter()
+        pipe = random_cogvideox(size, device, dtype, text_encoder=True)
+        build_s = time.perf_counter() - t_build
+        call = speed_call(size, args.height, args.width, args.frames)
+        tr = pipe.transformer
+        bf16_weight_bytes = module_bytes(tr)
+        rec: dict[str, Any] = {"build_s": build_s, "call": {k: v for k, v in call.items() if k != "generator"},
+                               "steps": args.steps, "transformer_params": sum(p.numel() for p in tr.parameters()),
+                               "transformer_weight_bytes_bf16": bf16_weight_bytes, "configs": {}}
+        results["models"][size] = rec
+        configs = args.configs or SPEED_CONFIGS
+        for name in configs:
+            handle = None
+            installed: list = []
+            entry: dict[str, Any] = {"label": LABELS[name]}
+            try:
+                if name in ENGINEERING_ONLY:
+                    installed = attention.install(get_adapter(tr).blocks(tr), ops())
+                    entry["compute_path"] = ops().compute_path(device) + " (attention processor only)"
+                elif name != "bf16":
+                    cfg = make_config(name)
+                    use_sched = sched is not None and cfg.tdc
+                    handle = sixbit.apply(pipe, cfg, schedule=sched.resample(num_blocks(tr), args.steps)
+                                          if use_sched else None)
+                    entry["schedule_replayed"] = bool(use_sched)
+                    entry["compute_path"] = handle.trace.to_dict().get("compute_path")
+                # warm-up (Triton compilation, cuDNN plans): a short loop
+                _run_denoise(pipe, call, 2, device)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(device)
+                total, steps = _run_denoise(pipe, call, args.steps, device)
+                entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)))
+                if device.type == "cuda":
+                    entry["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+                if handle is not None:
+                    summ = handle.trace.summary()
+                    entry.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
+                                 pdr_count=summ["pdr_count"], route_counts=summ["route_counts"],
+                                 memory=handle.memory(), warnings=handle.warnings[:5])
+            except Exception as e:  # keep going: one failing configuration must not lose the others
+                import traceback
+
+                entry["error"] = f"{type(e).__name__}: {e}"
+                entry["traceback"] = traceback.format_exc()[-3000:]
+                print(entry["traceback"], flush=True)
+            finally:
+                if handle is not None:
+                    handle.remove()
+                attention.uninstall(installed)
+            rec["configs"][name] = entry
+            print(f"[speed {size}] {name}: " + json.dumps({k: v for k, v in entry.items()
+                                                         if k in ("denoise_s", "step_median_s", "skip_fraction",
+                                                                  "avg_act_bits", "peak_mem_bytes", "error")}), flush=True)
+            render(results, out, args.name)
+        del pipe
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, tdc_budget: float | None) -> Path:
+    """Run sixbit-mini (or ``model``) once with the full method and save its skip pattern for replay.
+
+    The torch reference backend in fp32 is used so the decisions are those of the CPU demo."""
+    import sixbit
+    from sixbit.mini import DEFAULT_GENERATION, EXAMPLE_PROMPTS
+
+    pipe = sixbit.load_pipeline(model, device=device, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    overrides = tdc_overrides(tdc_threshold, tdc_budget)
+    cfg = make_config("full", backend="torch", **overrides)
+    handle = sixbit.apply(pipe, cfg)
+    try:
+        pipe(prompt=EXAMPLE_PROMPTS[0], generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
+             **DEFAULT_GENERATION)
+        sched = handle.trace.skip_schedule()
+        summ = handle.trace.summary()
+    finally:
+        handle.remove()
+    sched.source.update(model="sixbit-mini" if model in (None, "", "mini") else str(model), preset="full",
+                        overrides=overrides, generation=DEFAULT_GENERATION, prompt=EXAMPLE_PROMPTS[0], seed=0,
+                        avg_act_bits=summ["avg_act_bits"], device=str(device))
+    out.mkdir(parents=True, exist_ok=True)
+    path = sched.save(out / "schedule_mini.json")
+    print(f"recorded skip schedule: skip {sched.skip_fraction:.1%}, {summ['avg_act_bits']:.2f} act bits → {path}",
+          flush=True)
+    del pipe
+    return path
+
+
+def _route_note(sched: dict | None) -> str:
+    fr = (sched or {}).get("route_fractions")
+    if not fr:
+        return "when the schedule holds them (this one does not: DMPQ routed by Γ of the random weights)"
+    return ("recorded as " + ", ".join(f"{fr[r]:.0%} {r.upper() if r != 'fp16' else '16-bit'}"
+                                        for r in ("nvfp4", "int8", "fp16")) + " of the linear evaluations")
+
+
+def render(results: dict, out: Path, name: str | None) -> None:
+    """Write ``<name>.json`` and the markdown table rendered from it (``--render FILE`` re-renders a JSON
+    file with the current renderer)."""
+    env = results["environment"]
+    md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
+          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after a 2-step warm-up. Random weights "
+          "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
+          "sixbit-mini** with the full method (resampled to this depth and step count): which blocks are skipped "
+          "and, for the DMPQ configurations, each computed block's routes (NVFP4 / INT8 / 16-bit for PDR), "
+          f"{_route_note(results.get('schedule'))}. *peak GiB* is the allocator's peak over the denoising loop with the "
+          "whole pipeline resident (the T5-XXL text encoder alone is 9.5 GB in bf16); TDC keeps one cached Δ per "
+          "block and token stream, which is why configurations with TDC peak higher. *transformer weights* are "
+          "the bytes the transformer keeps on the device: packed 4/8-bit weights plus the layers that stay 16-bit "
+          "(embedders, norms, and by default the modulation linears).", ""]
+    for size, rec in results["models"].items():
+        base = rec["configs"].get("bf16", {}).get("denoise_s")
+        c = rec.get("call", {})
+        md += [f"## CogVideoX-{size.upper()} — {c.get('num_frames')} frames {c.get('height')}×{c.get('width')}, "
+               f"{rec['steps']} steps, {rec['transformer_params'] / 1e9:.2f} B transformer parameters", "",
+               "| configuration | denoise s | median step ms | speed-up | skipped | act bits | peak GiB | "
+               "transformer weights GiB | path |", "|---|---|---|---|---|---|---|---|---|"]
+        bf16_w = rec["transformer_weight_bytes_bf16"]
+        for e in rec["configs"].values():
+            if "error" in e:
+                md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | |")
+                continue
+            sp = f"{base / e['denoise_s']:.2f}×" if base else "—"
+            wb = resident_weight_bytes(e, rec)
+            md.append(f"| {e['label']}{' (replayed schedule)' if e.get('schedule_replayed') else ''} | "
+                      f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
+                      f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
+                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
+                      f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | "
+                      f"{e.get('compute_path', 'torch bf16')} |")
+        md.append("")
+    md += [env_md(env), ""]
+    write_results(name or "speed", results, "\n".join(md), out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", nargs="+", default=["2b"], choices=["tiny", "2b", "5b"])
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--frames", type=int, default=49)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=720)
+    p.add_argument("--configs", nargs="*", choices=SPEED_CONFIGS)
+    p.add_argument("--schedule", default=str(RESULTS / "schedule_mini.json"))
+    p.add_argument("--record-schedule", default=None, metavar="MODEL",
+                   help="first record the full method's skip schedule on MODEL (a sixbit-mini folder) and replay it")
+    p.add_argument("--tdc-threshold", type=float, default=None, help="override for --record-schedule")
+    p.add_argument("--tdc-budget", type=float, default=None, help="override for --record-schedule")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--name", default=None)
+    p.add_argument("--render", type=Path, default=None, metavar="JSON",
+                   help="only re-render the markdown table of a speed result file")
+    args = parse(p, argv)
+    if args.render is not None:
+        render(json.loads(args.render.read_text()), args.render.parent, args.render.stem)
+        return 0
+    if args.schedule and not Path(args.schedule).exists():
+        print(f"note: no schedule at {args.schedule}; TDC configurations decide on their own", flush=True)
+        args.schedule = None
+    speed(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
