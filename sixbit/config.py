@@ -68,7 +68,7 @@ class SixBitConfig:
         label="Quantization",
     )
     int8_route: str = _f(
-        "int8",
+        INT8,
         "What an INT8 decision runs: 'int8' = NVFP4 weights × INT8 activations (the paper's W4A8, "
         "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
         "also keeps an 8-bit copy of every weight resident).",
@@ -153,11 +153,11 @@ class SixBitConfig:
     tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000, label="Never skip first K steps")
     tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000, label="Never skip last K steps")
     after_skip: str = _f(
-        "int8",
+        INT8,
         "Route of a block's first computed step after a skip, which has no fresh Γ: 'int8' (the method) "
         "or 'dmpq' (route by the block's last measured Γ, several steps old — fewer bits when TDC skips "
         "often, not the paper's rule).",
-        choices=("int8", "dmpq"),
+        choices=(INT8, "dmpq"),
         label="After-skip route",
     )
     # --- PDR: purified delta refresh -------------------------------------------------------------------

@@ -71,7 +71,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sixbit.routes import ROUTES
+from sixbit.routes import ROUTES, WEIGHT_FORMAT
 
 __all__ = [
     "E2M1_VALUES",
@@ -405,7 +405,7 @@ def reference_linear(
     if route not in ROUTES:
         raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
     xr = block_hadamard(x, hadamard_block) if hadamard_block else x.float()
-    wq = quantize_weight(weight, "int8" if route == "w8a8" else "nvfp4", hadamard_block)
+    wq = quantize_weight(weight, WEIGHT_FORMAT[route], hadamard_block)
     if route == "w4a16":
         xq = xr
     elif route == "nvfp4":
