@@ -32,7 +32,7 @@ import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.hooks.hooks import BaseState, CacheContext, ModelHook, StateManager
@@ -40,6 +40,13 @@ from diffusers.hooks.hooks import BaseState, CacheContext, ModelHook, StateManag
 from sixbit import dmpq, pdr, tdc
 from sixbit.linear import ops
 from sixbit.routes import SKIPPED, display
+
+if TYPE_CHECKING:
+    from sixbit.adapters import Adapter
+    from sixbit.config import SixBitConfig
+    from sixbit.linear import SixBitLinear
+    from sixbit.policy import LinearFit
+    from sixbit.trace import Trace
 
 __all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "block_stats", "DENOISER_HOOK",
            "BLOCK_HOOK"]
@@ -63,7 +70,7 @@ class Call:
 class Run:
     """What the hooks write and the handle reads: the live trace, the call in progress, the counters."""
 
-    def __init__(self, new_trace: Callable[[], Any]):
+    def __init__(self, new_trace: Callable[[], Trace]):
         self.new_trace = new_trace
         self.trace = new_trace()
         self.call: Call | None = None
@@ -100,8 +107,8 @@ class Run:
 class Method:
     """What the handle resolved once and every block hook decides with."""
 
-    cfg: Any
-    adapter: Any
+    cfg: SixBitConfig
+    adapter: Adapter
     schedule: tdc.SkipSchedule | None
     tau: float
     rho: float
@@ -258,8 +265,8 @@ class BlockHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, index: int, run: Run, method: Method, linears: range, layers: list,
-                 fits: list | None):
+    def __init__(self, index: int, run: Run, method: Method, linears: range, layers: list[SixBitLinear],
+                 fits: list[LinearFit] | None):
         super().__init__()
         self.index = index
         self.run = run
