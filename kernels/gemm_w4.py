@@ -272,11 +272,11 @@ INTERP_DECODE_CONFIG = DecodeConfig(32, 32, 4)
 
 
 def tile_config(target: Target, mode: int) -> W4Config:
-    return pick(TILE_CONFIGS[mode], target.smem)
+    return target.config(f"w4_tile/{mode}", pick(TILE_CONFIGS[mode], target.smem))
 
 
 def dense_w_config(target: Target) -> GemmConfig:
-    return pick(DENSE_W_CONFIGS[target.variant], target.smem)
+    return target.config("w4_once", pick(DENSE_W_CONFIGS[target.variant], target.smem))
 
 
 def _lowbit(n: int) -> int:

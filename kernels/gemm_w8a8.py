@@ -107,7 +107,7 @@ INTERP_CONFIG = GemmConfig(32, 32, 32, 4, 4, 1)
 
 
 def launch_config(target: Target) -> GemmConfig:
-    return pick(CONFIGS[target.variant], target.smem)
+    return target.config("w8a8", pick(CONFIGS[target.variant], target.smem))
 
 
 def gemm_w8a8(

@@ -466,22 +466,23 @@ def _act_form(route: str, dense: bool, w4a16_split: bool = False) -> str:
     return "w4a16-split" if w4a16_split else "w4a16"
 
 
-def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma):
+def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma, target=None):
     """The operand of ``form`` (see :func:`_act_form`) for ``x2``: fused Hadamard + quantize, and the count."""
+    t = {"target": target}
     if form == "nvfp4-dense":
-        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
+        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True, **t)
         return DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs), count
     if form == "nvfp4":
-        return quantize_nvfp4_act(x2, hb, k_sigma)
+        return quantize_nvfp4_act(x2, hb, k_sigma, **t)
     if form == "int8-dense":
-        q, count = quantize_int8_act(x2, hb, k_sigma, dense=True)
+        q, count = quantize_int8_act(x2, hb, k_sigma, dense=True, **t)
         return DenseAct(q.data, "int8", row_scale=q.scale), count
     if form == "int8":
-        return quantize_int8_act(x2, hb, k_sigma)
+        return quantize_int8_act(x2, hb, k_sigma, **t)
     # w4a16
     if hb or x2.dtype == torch.float32:
-        return rotate_split(x2, hb, k_sigma) if form == "w4a16-split" else scale16_act(x2, hb, k_sigma)
-    return x2, (_outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None)
+        return rotate_split(x2, hb, k_sigma, **t) if form == "w4a16-split" else scale16_act(x2, hb, k_sigma, **t)
+    return x2, (_outlier_count_kernel(x2, k_sigma, **t) if k_sigma is not None else None)
 
 
 def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, impl: str,
@@ -494,7 +495,7 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
     w = packed.weight(WEIGHT_FORMAT[route])
     native = impl == selfcheck.NATIVE
     form = _act_form(route, options.dense_activations and not native, options.w4a16_split)
-    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, form, hb, k_sigma))
+    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, form, hb, k_sigma, target))
     if route == "w8a8":
         y = gemm_w8a8(a, w, bias, out_dtype, target=target)
     elif native:

@@ -21,7 +21,7 @@ config for sm_80/86/89/90/100/120 and checks its ``metadata.shared`` against the
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import NamedTuple
 
@@ -85,16 +85,30 @@ def pick(ladder, smem: int):
 
 @dataclass(frozen=True)
 class Target:
-    """What the dispatch knows about a device: capability, opt-in shared memory, variant, PTX decode."""
+    """What the dispatch knows about a device: capability, opt-in shared memory, variant, PTX decode, and
+    explicit launch-config overrides (``((key, config), ...)``; keys ``"w8a8"``, ``"w4_tile/<A mode>"``,
+    ``"w4_once"``, ``"rows"``, ``"rows_long"``, ``"stats"``, ``"nvfp4_tiles"`` — how a tuning run hands its
+    picks to every wrapper, ``ops.linear`` included, without touching module state)."""
 
     capability: tuple[int, int]
     smem: int
     variant: str
     ptx_decode: bool
+    overrides: tuple = ()
 
     @property
     def name(self) -> str:
         return f"sm_{self.capability[0]}{self.capability[1]}"
+
+    def config(self, key: str, default):
+        """The override for ``key``, else ``default``."""
+        return dict(self.overrides).get(key, default)
+
+    def with_configs(self, **configs) -> Target:
+        """A copy with these overrides added (``w4_tile_0=...`` stands for ``"w4_tile/0"``)."""
+        merged = dict(self.overrides)
+        merged.update({k.replace("w4_tile_", "w4_tile/"): v for k, v in configs.items()})
+        return replace(self, overrides=tuple(sorted(merged.items())))
 
 
 def default_variant(capability: tuple[int, int]) -> str:
@@ -131,7 +145,7 @@ def device_target(device, variant: str | None = None) -> Target:
     dev = torch.device(device)
     v = variant or os.environ.get("SIXBIT_KERNEL_VARIANT") or None
     if dev.type != "cuda":
-        return INTERPRETER if v in (None, HOPPER) else Target(INTERPRETER.capability, INTERPRETER.smem, v, False)
+        return INTERPRETER if v in (None, HOPPER) else replace(INTERPRETER, variant=v)
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     return _cuda_target(idx, v)
 
@@ -139,6 +153,4 @@ def device_target(device, variant: str | None = None) -> Target:
 def resolve(target: Target | None, device, interp: bool) -> Target:
     """``target`` if given; else the device's (the interpreter never uses inline PTX)."""
     t = target or device_target(device)
-    if interp and t.ptx_decode:
-        t = Target(t.capability, t.smem, t.variant, False)
-    return t
+    return replace(t, ptx_decode=False) if interp and t.ptx_decode else t

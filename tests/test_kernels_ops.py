@@ -237,3 +237,27 @@ def test_blackwell_emulated_numerics():
     ref = xq.dequantize(torch.float32) @ wq.dequantize(torch.float32).T + b
     assert float(spec.relative_error(y, ref)) <= 1e-5
     assert not blackwell.native_fp4_available("cpu")
+
+
+def test_dispatch_by_capability_and_shared_memory(monkeypatch):
+    t = sk.targets
+    assert t.target_for((9, 0)).variant == "hopper"
+    for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+        assert t.target_for(cap).variant == "portable"
+    assert t.target_for((8, 6)).ptx_decode is False and t.target_for((8, 9)).ptx_decode is True
+    with pytest.raises(ValueError, match="needs capability >= 9.0"):
+        t.target_for((8, 6), variant="hopper")
+    monkeypatch.setenv("SIXBIT_KERNEL_VARIANT", "portable")
+    assert t.target_for((9, 0)).variant == "portable"
+    monkeypatch.setenv("SIXBIT_KERNEL_VARIANT", "fast")
+    with pytest.raises(ValueError, match="SIXBIT_KERNEL_VARIANT"):
+        t.target_for((9, 0))
+    monkeypatch.delenv("SIXBIT_KERNEL_VARIANT")
+    g4 = sk.gemm_w4
+    big, small = t.target_for((9, 0), variant="portable"), t.target_for((8, 6))
+    assert g4.dense_w_config(big) != g4.dense_w_config(small)  # tiers by opt-in shared memory
+    assert g4.tile_config(t.target_for((8, 0)), g4.A_DENSE) == g4.TILE_CONFIGS[g4.A_DENSE][-1][1]
+    cfg = t.GemmConfig(16, 16, 64, 4, 4, 1)
+    tuned = small.with_configs(w8a8=cfg, w4_tile_0=g4.INTERP_CONFIG)
+    assert sk.gemm_w8a8.launch_config(tuned) == cfg and g4.tile_config(tuned, g4.A_DENSE) == g4.INTERP_CONFIG
+    assert sk.gemm_w8a8.launch_config(small) != cfg

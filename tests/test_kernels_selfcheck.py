@@ -170,3 +170,27 @@ def test_broken_kernel_end_to_end_video_is_correct(monkeypatch, one_thread):
                 out = generate(pipe, **call)
         assert ops.compute_path("cpu").endswith("w8a8/small → portable-triton")
     assert torch.isfinite(out).all() and float(spec.relative_error(out, ref)) <= selfcheck.BOUND
+
+
+def test_blackwell_native_route_is_checked_and_falls_back(monkeypatch):
+    """On capability >= 10 the nvfp4 route tries native FP4 ``torch._scaled_mm`` first. Here its cuBLAS call
+    is replaced by the emulator (same arguments, swizzled scales): the check passes and native serves; the
+    real call (which refuses without a Blackwell GPU) fails the check and the portable kernel serves."""
+    p, x = _layer(), _x()
+    sm120 = targets.target_for((12, 0))
+    monkeypatch.setattr(ops, "_native_fp4", lambda dev: True)
+    monkeypatch.setattr(sk.blackwell, "scaled_mm_nvfp4", sk.blackwell.emulated_linear_nvfp4)
+    with selfcheck.interpreter_dispatch(sm120):
+        y, _ = ops.linear(x, p, "nvfp4")
+        assert selfcheck.status("cpu")["nvfp4/small"]["impl"] == "blackwell-native"
+        assert ops.compute_path("cpu") == "blackwell-native (unverified) + portable-triton"
+    yr, _ = ops.linear(x, p, "nvfp4", backend="torch")
+    assert float(spec.relative_error(y.float(), yr.float())) <= selfcheck.BOUND
+    monkeypatch.undo()
+    monkeypatch.setattr(ops, "_native_fp4", lambda dev: True)
+    with selfcheck.interpreter_dispatch(sm120):
+        with pytest.warns(RuntimeWarning, match="nvfp4/small on cpu: blackwell-native failed its self-check "
+                                                r"\(RuntimeError: native NVFP4 GEMM needs"):
+            y, _ = ops.linear(x, p, "nvfp4")
+        assert ops.compute_path("cpu").endswith("self-check fallback: nvfp4/small → portable-triton")
+    assert float(spec.relative_error(y.float(), yr.float())) <= selfcheck.BOUND
