@@ -28,7 +28,7 @@ from sixbit import bench  # noqa: E402
 from sixbit._kernels import kernels as sk  # noqa: E402
 
 STUBBED = {sk.hadamard_quant: ["_rows_kernel", "_nvfp4_kernel"],
-           sk.gemm_w8a8: ["_gemm_w8a8_tma_kernel", "_gemm_w8a8_kernel"],
+           sk.gemm_w8a8: ["_gemm_w8a8_kernel"],
            sk.gemm_w4: ["_gemm_w4_kernel", "_gemm_dense_w_kernel", "_decode_w_kernel"]}
 
 

@@ -9,14 +9,15 @@ Contract (the engine, ``sixbit/linear.py``, codes against this):
     layouts directly (NVFP4 ``data [N, K/2]`` + ``scales [N, K/16]`` + fp32 tensor scale; INT8 ``[N, K]`` +
     ``[N, 1]`` scales), so no second copy in another layout is ever held.
 
-``linear(x [..., K], packed, route, *, k_sigma=None, backend="auto") -> (y [..., N] in x.dtype, count)``
+``linear(x [..., K], packed, route, *, k_sigma=None, backend="auto", cache=None, options=None) -> (y [..., N] in x.dtype, count)``
     ``route`` in ``"nvfp4"`` (W4A4), ``"int8"`` (W4A8: NVFP4 weights, per-token INT8 activations),
     ``"w8a8"`` (needs ``"int8"`` in ``formats``), ``"w4a16"`` (unquantized activations × NVFP4 weights).
     Numerics: ``formats.reference_linear`` of the same route. With ``k_sigma``, ``count`` is the number of
     outliers of ``x`` (``formats.outlier_count``: ``|x| > k_sigma * rms(token)``, un-rotated input) as an
     int64 0-d tensor, computed inside the activation-quantization pass; else ``None``.
-    ``backend``: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` (forced; on CPU it
-    needs ``TRITON_INTERPRET=1`` before this package is imported), ``"torch"`` (the reference).
+    ``backend``: ``"auto"`` (self-checked Triton on CUDA capability >= 8.0, torch reference on CPU),
+    ``"triton"`` (forced, unchecked; on CPU it needs ``TRITON_INTERPRET=1`` before this package is
+    imported), ``"torch"`` (the reference). ``options``: :class:`KernelOptions` (explicit switches).
 
 ``compute_path(device) -> str``
     What ``backend="auto"`` runs on that device (``targets`` dispatches by capability): ``"hopper-triton"``
@@ -42,7 +43,7 @@ activations), :func:`gemm_w8a8`, :func:`scaled_mm_nvfp4` (Blackwell, unverified)
 Hopper detail. The W4A4 and W4A8 routes quantize the activations to exactly the NVFP4 / INT8 values of the
 spec, but without FP4 tensor cores ``linear`` hands them to the GEMM as exact fp16 values
 (``DenseAct``) rather than packed 4-bit codes (``KernelOptions.dense_activations``, default): same numbers,
-no per-tile decode of A. Both forms are implemented and benchmarked (``benchmarks/kernels.py``); on the H200
+no per-tile decode of A. Both forms are implemented and benchmarked (``python -m benchmarks.kernels``); on the H200
 the fp16 form measured 0.72x bf16 end to end against 0.29x for packed codes (1920→5760; the 16-bit form also
 lets ``gemm_w4`` decode the weight once per call), hence the default.
 The packed form is what ``quantize_act`` returns.
