@@ -24,7 +24,7 @@ from benchmarks.common import RESULTS, environment, parse
 
 #: the Triton launches replaced by no-ops, per kernel module (``sixbit_kernels.<module>``)
 STUBBED = {"hadamard_quant": ["_rows_kernel", "_nvfp4_kernel"],
-           "gemm_w8a8": ["_gemm_w8a8_tma_kernel", "_gemm_w8a8_kernel"],
+           "gemm_w8a8": ["_gemm_w8a8_kernel"],
            "gemm_w4": ["_gemm_w4_kernel", "_gemm_dense_w_kernel", "_decode_w_kernel"]}
 
 

@@ -24,9 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-E2M1_HALF_SHIFT = 9  # magnitude bits of an E2M1 code go to bits 9..11 of an IEEE half
-SCALE_POW2 = 128.0  # decoded halves carry E2M1 * bs * 2**-7; the epilogue multiplies by 2**7
-
 
 def interpreting() -> bool:
     """True when triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
@@ -93,10 +90,6 @@ def num_sms(device: torch.device) -> int:
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
-
-
-def gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
 
 
 # ------------------------------------------------------------------------------------ jit helpers
@@ -264,19 +257,15 @@ or.b32 $3, a, b;
 """)
 
 
-#: decode NVFP4 tiles with the inline-PTX path on CUDA (False: the portable element-wise path, which the
-#: interpreter always uses); a switch so a benchmark can compare both or fall back
-PTX_DECODE = True
-
-
 @triton.jit
 def decode_nvfp4(packed, scales, R: tl.constexpr, BK: tl.constexpr, OUT: tl.constexpr, PTX: tl.constexpr):
     """Decode an NVFP4 tile: ``packed`` uint8 ``[R, BK//2]``, ``scales`` uint8 (e4m3 bits) ``[R, BK//16]``
     → ``[R, BK]`` of dtype OUT (fp16 or bf16) holding ``E2M1 * bs * 2**-7`` exactly.
 
-    With ``PTX`` (CUDA) the bit placement runs as inline PTX on whole 32-bit registers (8 codes at a time)
-    and the scales use the native e4m3x2 → f16x2 conversion; otherwise (always in the interpreter, which
-    cannot run PTX) the same placement is done element by element."""
+    With ``PTX`` (CUDA, capability >= 8.9: ``targets.Target.ptx_decode``) the bit placement runs as inline
+    PTX on whole 32-bit registers (8 codes at a time; plain integer PTX, any sm) and the scales use the
+    native e4m3x2 → f16x2 conversion (sm_89+); otherwise (sm_80/86, and always in the interpreter, which
+    cannot run PTX) the same placement is done element by element — same bits."""
     if not PTX:
         p = packed.to(tl.int16)
         lo = e2m1_half(p & 0xF)

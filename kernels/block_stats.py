@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ._common import cast_out, cdiv, check_launchable, num_sms
+from .targets import RowsConfig
 
 
 @triton.jit
@@ -58,7 +59,8 @@ def _delta_stats_kernel(out_ptr, in_ptr, old_ptr, delta_ptr, part_ptr, N,
 
 
 #: (elements per program step, num_warps, programs per SM) on CUDA
-CUDA_CONFIG = (2048, 8, 4)
+CUDA_CONFIG = RowsConfig(2048, 8, 4)
+INTERP_CONFIG = RowsConfig(256, 4, 1)
 
 
 def supported(out: torch.Tensor, inp: torch.Tensor, old: torch.Tensor | None = None) -> bool:
@@ -77,7 +79,7 @@ def delta_stats(out: torch.Tensor, inp: torch.Tensor, old: torch.Tensor | None =
         raise ValueError(f"delta_stats: tensors must be contiguous, of one shape, float dtype and device; got "
                          f"{[(tuple(t.shape), t.dtype, t.device) for t in (out, inp, old) if t is not None]}")
     interp = check_launchable(out, inp, *([old] if old is not None else []))
-    block, nw, waves = config or ((256, 4, 1) if interp else CUDA_CONFIG)
+    block, nw, waves = config or (INTERP_CONFIG if interp else CUDA_CONFIG)
     n = out.numel()
     delta = torch.empty_like(out) if write else None
     grid = (max(1, min(cdiv(n, block), num_sms(out.device) * waves)),)

@@ -34,8 +34,8 @@ import triton.language as tl
 
 from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
 
-from . import _common
 from ._common import cast_out, cdiv, check_launchable, decode_nvfp4, dot, grouped_tile, next_pow2
+from .targets import HOPPER, KB, PORTABLE, DecodeConfig, GemmConfig, Target, W4Config, pick, resolve
 
 A_DENSE, A_SPLIT, A_NVFP4, A_INT8 = 0, 1, 2, 3
 
@@ -195,53 +195,88 @@ def _decode_w_kernel(w_ptr, ws_ptr, out_ptr, N, K, SVEC: tl.constexpr,
 
 @triton.jit
 def _gemm_dense_w_kernel(
-    a_desc, w_desc, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+    a_src, w_src, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
     M, N, K, KA, stride_om,
     SPLIT: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    TMA: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr,
 ):
-    """The decode-once GEMM: 16-bit activations × the weight already decoded to 16-bit halves, both read
-    through TMA tensor descriptors (zero-filled out of bounds), plain async wgmma; same epilogue as
-    :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for the ``[hi | lo]``
-    split form (``SPLIT``), whose second half re-reads the weight from column 0."""
+    """The decode-once GEMM: 16-bit activations × the weight already decoded to 16-bit halves; same
+    epilogue as :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for the
+    ``[hi | lo]`` split form (``SPLIT``), whose second half re-reads the weight from column 0.
+    ``TMA`` (Hopper): ``a_src``/``w_src`` are tensor descriptors (zero-filled out of bounds), plain async
+    wgmma. Otherwise (portable): contiguous ``[M, KA]`` / ``[N, K]`` pointers, rows clamped, K tail masked."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ka in range(0, KA, BLOCK_K):
-        a = a_desc.load([m0, ka])
-        if SPLIT:
-            w = w_desc.load([n0, ka % K])
-        else:
-            w = w_desc.load([n0, ka])
-        acc += dot(a, tl.trans(w), INTERP)
-
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TMA:
+        for ka in range(0, KA, BLOCK_K):
+            a = a_src.load([m0, ka])
+            if SPLIT:
+                w = w_src.load([n0, ka % K])
+            else:
+                w = w_src.load([n0, ka])
+            acc += dot(a, tl.trans(w), INTERP)
+    else:
+        rm = (offs_m % M).to(tl.int64)
+        rn = (offs_n % N).to(tl.int64)
+        kb = tl.arange(0, BLOCK_K)
+        for ka in range(0, KA, BLOCK_K):
+            if SPLIT:
+                k0 = ka % K
+            else:
+                k0 = ka
+            a_off = rm[:, None] * KA + (ka + kb)[None, :]
+            w_off = rn[:, None] * K + (k0 + kb)[None, :]
+            if EVEN_K:
+                a = tl.load(a_src + a_off)
+                w = tl.load(w_src + w_off)
+            else:
+                a = tl.load(a_src + a_off, mask=(k0 + kb)[None, :] < K, other=0.0)
+                w = tl.load(w_src + w_off, mask=(k0 + kb)[None, :] < K, other=0.0)
+            acc += dot(a, tl.trans(w), INTERP)
+
     _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
                  A_TS, ROW_SCALE, HAS_BIAS, INTERP)
 
 
-#: default tile configs (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SWAP) per A mode on
-#: CUDA. A_DENSE was picked by ``benchmarks/kernels.py --tune`` on the H200 (benchmarks/results/
-#: kernels_h200.md); the others were not re-tuned after the first run. The interpreter uses small tiles.
-#: SWAP computes the transposed product so the decoded weight is wgmma's register operand (async wgmma).
-CUDA_CONFIGS = {
-    A_DENSE: (256, 128, 128, 8, 8, 2, True),
-    A_SPLIT: (256, 128, 64, 8, 8, 3, True),
-    A_NVFP4: (128, 128, 64, 8, 8, 3, True),
-    A_INT8: (128, 256, 64, 8, 8, 3, True),
+#: per-tile-decode GEMM configs per A mode, ``[(min opt-in shared memory, config), ...]`` (``targets.pick``;
+#: no TMA in this kernel, so both variants use them). The 200 KB tier is Hopper's: A_DENSE picked by
+#: ``benchmarks/kernels.py --tune`` on the H200 (benchmarks/results/kernels_h200.md), the others not
+#: re-tuned after the first run. The smaller tiers keep every config inside the 99 KB (sm_86/89/120) and
+#: 163 KB (sm_80) budgets (checked by tests/test_kernels_compile.py). SWAP computes the transposed product
+#: so the decoded weight is the MMA's register operand (async wgmma on Hopper).
+TILE_CONFIGS = {
+    A_DENSE: [(200 * KB, W4Config(256, 128, 128, 8, 8, 2, True)), (0, W4Config(128, 128, 64, 8, 4, 3, True))],
+    A_SPLIT: [(200 * KB, W4Config(256, 128, 64, 8, 8, 3, True)), (0, W4Config(128, 128, 64, 8, 4, 3, True))],
+    A_NVFP4: [(0, W4Config(128, 128, 64, 8, 8, 3, True))],
+    A_INT8: [(0, W4Config(128, 256, 64, 8, 8, 3, True))],
 }
-INTERP_CONFIG = (32, 32, 32, 4, 4, 1, False)
-#: decode-once GEMM (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) on CUDA / in the interpreter
-CUDA_DENSE_W_CONFIG = (256, 128, 64, 8, 8, 3)
-INTERP_DENSE_W_CONFIG = (32, 32, 32, 4, 4, 1)
+INTERP_CONFIG = W4Config(32, 32, 32, 4, 4, 1, False)
+#: decode-once GEMM configs per variant (Hopper: TMA descriptors; portable: pointer loads)
+DENSE_W_CONFIGS = {
+    HOPPER: [(0, GemmConfig(256, 128, 64, 8, 8, 3))],
+    PORTABLE: [(200 * KB, GemmConfig(256, 128, 64, 8, 8, 3)), (0, GemmConfig(128, 128, 64, 8, 4, 3))],
+}
+INTERP_DENSE_W_CONFIG = GemmConfig(32, 32, 32, 4, 4, 1)
 #: ``decode="auto"`` decodes the weight once per call (into a transient 16-bit ``[N, K]`` buffer) when the
 #: activation has at least this many rows and is 16-bit (not packed 4-bit / int8 codes): the decode then
 #: costs < 1 % of the GEMM, and the main loop is a plain 16-bit GEMM. Fewer rows: decode per tile.
 DECODE_ONCE_MIN_M = 1024
-DECODE_CONFIG = (64, 128, 4)  # BLOCK_N, BLOCK_K, num_warps of the decode kernel
+DECODE_CONFIG = DecodeConfig(64, 128, 4)
+INTERP_DECODE_CONFIG = DecodeConfig(32, 32, 4)
+
+
+def tile_config(target: Target, mode: int) -> W4Config:
+    return target.config(f"w4_tile/{mode}", pick(TILE_CONFIGS[mode], target.smem))
+
+
+def dense_w_config(target: Target) -> GemmConfig:
+    return target.config("w4_once", pick(DENSE_W_CONFIGS[target.variant], target.smem))
 
 
 def _lowbit(n: int) -> int:
@@ -262,6 +297,8 @@ def gemm_w4(
     *,
     config: tuple | None = None,
     decode: str = "auto",
+    target: Target | None = None,
+    decode_once_min_m: int = DECODE_ONCE_MIN_M,
 ) -> torch.Tensor:
     """``A @ dequant(W)^T + bias`` with W packed NVFP4 ``[N, K]``.
 
@@ -273,8 +310,10 @@ def gemm_w4(
     is ever read); ``"once"`` (16-bit activations only) first decodes the whole weight to a transient
     16-bit ``[N, K]`` buffer (:func:`decode_weight`, freed when the call returns; only the packed weight
     stays resident) and runs :func:`_gemm_dense_w_kernel` on it; ``"auto"`` picks ``"once"`` for 16-bit
-    activations with at least :data:`DECODE_ONCE_MIN_M` rows. Same numbers either way (the decoded halves
-    are exact). ``config`` is the tile config of whichever kernel runs.
+    activations with at least ``decode_once_min_m`` rows. Same numbers either way (the decoded halves
+    are exact). ``config`` is the tile config of whichever kernel runs; ``target`` (default: the device's,
+    ``targets.device_target``) picks the variant (decode-once through TMA descriptors on ``hopper``,
+    pointer loads on ``portable``), the configs and the decoder.
     """
     if decode not in ("auto", "tile", "once"):
         raise ValueError(f"decode must be 'auto', 'tile' or 'once', got {decode!r}")
@@ -324,11 +363,12 @@ def gemm_w4(
     dense16 = mode in (A_DENSE, A_SPLIT)
     if decode == "once" and not dense16:
         raise ValueError("decode='once' needs 16-bit activations (DenseAct, a bf16/fp16 tensor or a SplitAct)")
+    tgt = resolve(target, a1.device, interp)
     if decode == "once" and a1.data_ptr() % 16:
         a1 = a1.clone()  # TMA needs a 16-byte aligned base
-    if decode == "once" or (decode == "auto" and dense16 and M >= DECODE_ONCE_MIN_M and a1.data_ptr() % 16 == 0):
-        return _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp)
-    cfg = config or (INTERP_CONFIG if interp else CUDA_CONFIGS[mode])
+    if decode == "once" or (decode == "auto" and dense16 and M >= decode_once_min_m and a1.data_ptr() % 16 == 0):
+        return _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt)
+    cfg = config or (INTERP_CONFIG if interp else tile_config(tgt, mode))
     bm, bn, bk, gm, nw, ns, swap = cfg
     bk = min(bk, max(16, next_pow2(K)))
     if mode == A_SPLIT:
@@ -342,13 +382,13 @@ def gemm_w4(
         M, N, K, a1.stride(0), out.stride(0),
         A_MODE=mode, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
         OP=op, SWAP=swap, EVEN_K=(K % bk == 0), SVEC=min(bk // 16, _lowbit(K // 16)),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, PTX=_common.PTX_DECODE and not interp,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, PTX=tgt.ptx_decode,
         num_warps=nw, num_stages=ns,
     )
     return out
 
 
-def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16, *, target: Target | None = None) -> torch.Tensor:
     """The packed NVFP4 weight ``[N, K]`` as exact 16-bit ``E2M1 * bs * 2**-7`` (times ``2**7 * tensor_scale``
     is the weight): the operand of the decode-once GEMM, ``N * K * 2`` bytes, one pass over the packed data."""
     wd, ws, _ = _weight_parts(w)
@@ -358,42 +398,41 @@ def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16) -> torch.T
     if dtype not in (torch.float16, torch.bfloat16):
         raise TypeError("decode_weight writes fp16 or bf16")
     interp = check_launchable(wd)
+    tgt = resolve(target, wd.device, interp)
     out = torch.empty((N, K), dtype=dtype, device=wd.device)
-    bn, bk, nw = (32, 32, 4) if interp else DECODE_CONFIG
+    bn, bk, nw = INTERP_DECODE_CONFIG if interp else DECODE_CONFIG
     bk = min(bk, max(16, next_pow2(K)))
     grid = (cdiv(N, bn), cdiv(K, bk))
     _decode_w_kernel[grid](
         wd, ws, out, N, K, SVEC=min(bk // 16, _lowbit(K // 16)), BLOCK_N=bn, BLOCK_K=bk,
-        OP=tl.float16 if dtype == torch.float16 else tl.bfloat16, PTX=_common.PTX_DECODE and not interp,
+        OP=tl.float16 if dtype == torch.float16 else tl.bfloat16, PTX=tgt.ptx_decode,
         num_warps=nw,
     )
     return out
 
 
-def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    wdec = decode_weight(w, torch.bfloat16 if op == tl.bfloat16 else torch.float16)
+def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt: Target):
+    wdec = decode_weight(w, torch.bfloat16 if op == tl.bfloat16 else torch.float16, target=tgt)
     M, N, KA = a1.shape[0], wdec.shape[0], a1.shape[1]
     K = wdec.shape[1]
-    bm, bn, bk, gm, nw, ns = config or (INTERP_DENSE_W_CONFIG if interp else CUDA_DENSE_W_CONFIG)
+    bm, bn, bk, gm, nw, ns = config or (INTERP_DENSE_W_CONFIG if interp else dense_w_config(tgt))
     bk = min(bk, max(16, next_pow2(K)))
     if KA != K:
         bk = min(bk, _lowbit(K))  # [hi | lo]: a K tile must not straddle the halves
-    a_desc = TensorDescriptor.from_tensor(a1, [bm, bk])
-    w_desc = TensorDescriptor.from_tensor(wdec, [bn, bk])
+    use_tma = tgt.variant == HOPPER
+    a_src, w_src = a1, wdec
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_src, w_src = TensorDescriptor.from_tensor(a1, [bm, bk]), TensorDescriptor.from_tensor(wdec, [bn, bk])
     wts = w.tensor_scale.float().reshape(1)
     grid = (cdiv(M, bm) * cdiv(N, bn),)
     _gemm_dense_w_kernel[grid](
-        a_desc, w_desc, wts, a_ts if a_ts is not None else wts,
+        a_src, w_src, wts, a_ts if a_ts is not None else wts,
         row_scale if row_scale is not None else wts, bias if bias is not None else wts, out,
         M, N, K, KA, out.stride(0),
         SPLIT=KA != K, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+        TMA=use_tma, EVEN_K=K % bk == 0,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
     )
     return out
-
-
-def dequantize_nvfp4_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Reference helper for tests/benchmarks: the weight the GEMM multiplies, in fp32 → dtype."""
-    return w.dequantize(dtype)

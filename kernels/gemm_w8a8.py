@@ -6,8 +6,9 @@ stays below 2**31 for K < 133,000), one fp32 rescale in the epilogue. Weights ar
 kernel). Both operands are K-major (``[rows, K]`` row-major), the layout Hopper's int8 ``wgmma`` wants.
 
 FACTS.md: cuBLAS int8 through ``torch._int_mm`` is no faster than bf16 on the H200, a plain Triton int8
-GEMM reached 1.47-1.6x bf16 — hence this kernel. Two forms of the same loop: operands read through TMA
-tensor descriptors (the default, :data:`TMA`) or with pointer loads (any K; the interpreter tests both).
+GEMM reached 1.47-1.6x bf16 — hence this kernel. One loop, two operand paths (``targets``): TMA tensor
+descriptors (the Hopper variant) or pointer loads (the portable variant, any K, capability >= 8.0; the
+interpreter tests both).
 Measured at the CogVideoX shapes, GEMM alone (benchmarks/results/kernels_h200.md): TMA 1.60-2.11x bf16
 cuBLAS, pointer loads 1.28-1.93x; cuBLAS fp8 ``torch._scaled_mm`` in the same run 1.36-1.98x.
 """
@@ -21,38 +22,53 @@ import triton.language as tl
 from sixbit.formats import Int8Tensor
 
 from ._common import cast_out, cdiv, check_launchable, grouped_tile, next_pow2
+from .targets import HOPPER, PORTABLE, GemmConfig, Target, pick, resolve
 
 
 @triton.jit
 def _gemm_w8a8_kernel(
-    a_ptr, w_ptr, sa_ptr, sw_ptr, bias_ptr, out_ptr,
+    a_src, w_src, o_desc, sa_ptr, sw_ptr, bias_ptr, out_ptr,
     M, N, K, stride_am, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, TMA_STORE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr,
 ):
+    """One GEMM loop, two operand paths. ``TMA`` (Hopper): ``a_src``/``w_src`` are tensor descriptors
+    (zero-filled out of bounds, so no K masks; the copy engine feeds shared memory), and with
+    ``TMA_STORE`` the output tile leaves through ``o_desc`` too (rows past M clipped by the copy engine).
+    Otherwise (portable, any capability >= 8.0) they are pointers: rows clamped, K tail masked."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = (offs_m % M).to(tl.int64)
-    rn = (offs_n % N).to(tl.int64)
-    kb = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None] * stride_am + kb[None, :]
-    w_ptrs = w_ptr + rn[None, :] * stride_wn + kb[:, None]  # [BK, BN] view of the K-major weight
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=(k0 + kb)[None, :] < K, other=0)
-            w = tl.load(w_ptrs, mask=(k0 + kb)[:, None] < K, other=0)
-        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-
-    _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
+    if TMA:
+        for k0 in range(0, K, BLOCK_K):
+            a = a_src.load([m0, k0])
+            w = w_src.load([n0, k0])
+            acc = tl.dot(a, tl.trans(w), acc, out_dtype=tl.int32)
+    else:
+        rm = (offs_m % M).to(tl.int64)
+        rn = (offs_n % N).to(tl.int64)
+        kb = tl.arange(0, BLOCK_K)
+        a_ptrs = a_src + rm[:, None] * stride_am + kb[None, :]
+        w_ptrs = w_src + rn[None, :] * stride_wn + kb[:, None]  # [BK, BN] view of the K-major weight
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                w = tl.load(w_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=(k0 + kb)[None, :] < K, other=0)
+                w = tl.load(w_ptrs, mask=(k0 + kb)[:, None] < K, other=0)
+            acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+    if TMA_STORE:
+        o_desc.store([m0, n0], cast_out(_w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS),
+                                        o_desc.dtype, INTERP))
+    else:
+        _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
 
 
 @triton.jit
@@ -79,48 +95,19 @@ def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_pt
     tl.store(out_ptr + o_off, cast_out(y, out_ptr.dtype.element_ty, INTERP), mask=omask)
 
 
-@triton.jit
-def _gemm_w8a8_tma_kernel(
-    a_desc, w_desc, o_desc, sa_ptr, sw_ptr, bias_ptr, out_ptr,
-    M, N, K, stride_om,
-    HAS_BIAS: tl.constexpr, TMA_STORE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERP: tl.constexpr,
-):
-    """The same GEMM with both operands read through TMA tensor descriptors (zero-filled out of bounds,
-    so no K masks): the copy engine feeds shared memory and the warps only issue wgmma. With
-    ``TMA_STORE`` the output tile leaves through a descriptor too (rows past M clipped by the copy engine)."""
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        a = a_desc.load([m0, k0])
-        w = w_desc.load([n0, k0])
-        acc = tl.dot(a, tl.trans(w), acc, out_dtype=tl.int32)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    if TMA_STORE:
-        o_desc.store([m0, n0], cast_out(_w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS),
-                                        o_desc.dtype, INTERP))
-    else:
-        _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
+#: per variant, ``[(min opt-in shared memory, config), ...]`` (``targets.pick``). Hopper: picked by
+#: ``benchmarks/kernels.py --tune`` on the H200 — 128x128x128 tiles with 4 warps and 3 stages fit two CTAs
+#: per SM, which hides the int8 wgmma wait (triton 3.6 issues int8 wgmma synchronously) better than one
+#: 128x256 CTA. Portable: the same tiles with pointer loads (64 KB of shared memory: fits every target)
+CONFIGS = {
+    HOPPER: [(0, GemmConfig(128, 128, 128, 16, 4, 3))],
+    PORTABLE: [(0, GemmConfig(128, 128, 128, 8, 4, 3))],
+}
+INTERP_CONFIG = GemmConfig(32, 32, 32, 4, 4, 1)
 
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages), picked by ``benchmarks/kernels.py --tune``
-#: on the H200: 128x128x128 tiles with 4 warps and 3 stages fit two CTAs per SM, which hides the int8
-#: wgmma wait (triton 3.6 issues int8 wgmma synchronously) better than one 128x256 CTA
-CUDA_CONFIG = (128, 128, 128, 8, 4, 3)
-INTERP_CONFIG = (32, 32, 32, 4, 4, 1)
-#: the TMA kernel's config on CUDA (same fields), picked by ``--tune`` on the H200 like the one above
-CUDA_TMA_CONFIG = (128, 128, 128, 16, 4, 3)
-#: the TMA kernel writes its output tile through a descriptor as well where the row pitch allows
-#: (N · itemsize a multiple of 16 bytes); ``False``: always the masked pointer store. benchmarks/kernels.py
-#: times both (GEMMs alone, benchmarks/results/kernels_h200.md)
-TMA_STORE = True
-#: ``tma=None`` calls use the TMA kernel where the operands allow it: on the H200 it measured 1.60-2.11x
-#: bf16 cuBLAS against 1.28-1.93x for pointer loads (GEMM alone; benchmarks/results/kernels_h200.md)
-TMA = True
+def launch_config(target: Target) -> GemmConfig:
+    return target.config("w8a8", pick(CONFIGS[target.variant], target.smem))
 
 
 def gemm_w8a8(
@@ -129,13 +116,16 @@ def gemm_w8a8(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     *,
-    config: tuple | None = None,
-    tma: bool | None = None,
+    config: GemmConfig | None = None,
+    target: Target | None = None,
+    tma_store: bool = True,
 ) -> torch.Tensor:
     """``dequant(a) @ dequant(w)^T + bias`` for per-token INT8 ``a [M, K]`` and per-channel INT8 ``w [N, K]``.
 
-    ``tma``: read the operands through TMA tensor descriptors (:func:`_gemm_w8a8_tma_kernel`; needs K a
-    multiple of 16 and 16-byte aligned bases) or with pointer loads; ``None``: :data:`TMA` where possible."""
+    ``target`` (default: the device's, ``targets.device_target``) picks the variant and config: ``hopper``
+    reads the operands through TMA tensor descriptors (needs K a multiple of 16 and 16-byte aligned bases;
+    otherwise it falls back to pointer loads) and, with ``tma_store`` where the row pitch allows, stores
+    the output tile through one; ``portable`` uses pointer loads."""
     qa, qw = a.data, w.data
     if qa.dtype != torch.int8 or qw.dtype != torch.int8:
         raise TypeError("gemm_w8a8 needs int8 codes for both operands")
@@ -151,29 +141,23 @@ def gemm_w8a8(
     out = torch.empty((M, N), dtype=out_dtype, device=qa.device)
     if M == 0:
         return out
+    tgt = resolve(target, qa.device, interp)
     aligned = K % 16 == 0 and qa.data_ptr() % 16 == 0 and qw.data_ptr() % 16 == 0
-    if tma and not aligned:
-        raise ValueError("tma=True needs K % 16 == 0 and 16-byte aligned operands")
-    use_tma = aligned if tma is None and TMA else bool(tma)
-    bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else CUDA_TMA_CONFIG if use_tma else CUDA_CONFIG)
+    use_tma = tgt.variant == HOPPER and aligned
+    bm, bn, bk, gm, nw, ns = config or (INTERP_CONFIG if interp else launch_config(tgt))
     bk = min(bk, max(32, next_pow2(K)))  # int8 tensor-core dots need K tiles of >= 32
     grid = (cdiv(M, bm) * cdiv(N, bn),)
+    a_src, w_src, o_desc, store = qa, qw, None, False
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        tma_store = TMA_STORE and (N * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
-        o_desc = TensorDescriptor.from_tensor(out, [bm, bn]) if tma_store else None
-        _gemm_w8a8_tma_kernel[grid](
-            TensorDescriptor.from_tensor(qa, [bm, bk]), TensorDescriptor.from_tensor(qw, [bn, bk]), o_desc,
-            sa, sw, bias if bias is not None else sa, out, M, N, K, out.stride(0),
-            HAS_BIAS=bias is not None, TMA_STORE=tma_store, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm,
-            INTERP=interp, num_warps=nw, num_stages=ns,
-        )
-        return out
+        store = tma_store and (N * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+        o_desc = TensorDescriptor.from_tensor(out, [bm, bn]) if store else None
+        a_src, w_src = TensorDescriptor.from_tensor(qa, [bm, bk]), TensorDescriptor.from_tensor(qw, [bn, bk])
     _gemm_w8a8_kernel[grid](
-        qa, qw, sa, sw, bias if bias is not None else sa, out,
+        a_src, w_src, o_desc, sa, sw, bias if bias is not None else sa, out,
         M, N, K, qa.stride(0), qw.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=(K % bk == 0),
+        HAS_BIAS=bias is not None, EVEN_K=(K % bk == 0), TMA=use_tma, TMA_STORE=store,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
     )
     return out

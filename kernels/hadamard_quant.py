@@ -67,6 +67,7 @@ from ._common import (
     rotate,
 )
 from .gemm_w4 import DenseAct, SplitAct
+from .targets import RowsConfig, Target
 
 MODE_INT8, MODE_AMAX, MODE_SPLIT, MODE_STATS = 0, 1, 2, 3
 #: rows of the token-resident register tile (TOK * G) used by the interpreter
@@ -324,8 +325,6 @@ def _prep(x2d: torch.Tensor, hadamard_block: int | None):
     return x2d.contiguous(), M, K, hb, bk, nchr, interp
 
 
-#: cut padded one-step rows into two tiles (:func:`rows_geometry`); ``False`` pads them (for comparisons)
-ROWS_SPLIT = True
 #: the second tile of a split must have at least this many rows: on the H200 (INT8, K = 3072) split tiles
 #: of 32 + 16 and 64 + 32 rows were slower than one padded tile (57 % / 60 % vs 67 % / 63 % of copy), 128 + 64
 #: faster (75 % vs 58 %); K = 12288 as 128 + 64 rows 83 % vs 67 % (benchmarks/results/kernels_h200*.md and a
@@ -356,30 +355,40 @@ def rows_geometry(nchr: int, rows_tile: int = ROWS_TILE, split: bool = True, min
 #: (rows per register tile, num_warps, programs per SM) of the token-resident kernel on CUDA (persistent
 #: grid of SMs × programs) for rows of at most :data:`ROWS_SHORT_MAX` chunks (CogVideoX-2B's 1920);
 #: picked by benchmarks/kernels.py --tune on the H200
-CUDA_ROWS_CONFIG = (64, 4, 8)
+CUDA_ROWS_CONFIG = RowsConfig(64, 4, 8)
 #: the same for longer rows (3072, 7680, 12288): a bigger tile keeps a whole token in registers (one step,
 #: no re-read) and leaves the two-tile split (:func:`rows_geometry`) tiles of 64+ rows — smaller split tiles
 #: measured slower than padding. H200, INT8: K = 12288 0.46 ms (one padded 256-row tile) → 0.37 (128 + 64);
 #: K = 12288 with the short-row config 0.78 ms
-CUDA_ROWS_CONFIG_LONG = (256, 4, 2)
+CUDA_ROWS_CONFIG_LONG = RowsConfig(256, 4, 2)
 #: rows of up to this many chunks take :data:`CUDA_ROWS_CONFIG`
 ROWS_SHORT_MAX = 32
 #: the outlier count alone (``STATS``, PDR's block-input check): a pure read; H200 at K = 1920: 0.055 ms
 #: with this config, 0.079 with the INT8 one above
-CUDA_STATS_CONFIG = (64, 4, 4)
+CUDA_STATS_CONFIG = RowsConfig(64, 4, 4)
 #: (rows per block, num_warps, programs per SM) of the NVFP4 tile kernel on CUDA
-CUDA_NVFP4_CONFIG = (64, 4, 8)
+CUDA_NVFP4_CONFIG = RowsConfig(64, 4, 8)
+INTERP_ROWS_CONFIG = RowsConfig(ROWS_TILE, 4, 1)
+INTERP_NVFP4_CONFIG = RowsConfig(64, 4, 1)
+
+
+def rows_config(mode: int, nchr: int, target: Target | None = None) -> RowsConfig:
+    """The token-resident kernel's CUDA config for a mode and a row of ``nchr`` chunks (every target: no
+    Hopper-only feature, small shared-memory footprint — checked by tests/test_kernels_compile.py), or the
+    ``target``'s override (``"stats"``, ``"rows"``, ``"rows_long"``)."""
+    if mode == MODE_STATS:
+        key, cfg = "stats", CUDA_STATS_CONFIG
+    elif nchr <= ROWS_SHORT_MAX:
+        key, cfg = "rows", CUDA_ROWS_CONFIG
+    else:
+        key, cfg = "rows_long", CUDA_ROWS_CONFIG_LONG
+    return target.config(key, cfg) if target is not None else cfg
 
 
 def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, amax=None,
-                 k_sigma=None, dense=False, config=None, round_codes=True):
-    if config is None and not interp:
-        if mode == MODE_STATS:
-            config = CUDA_STATS_CONFIG
-        else:
-            config = CUDA_ROWS_CONFIG if nchr <= ROWS_SHORT_MAX else CUDA_ROWS_CONFIG_LONG
-    rows_tile, nw, waves = config or (ROWS_TILE, 4, 1)
-    tok, g, g2, nstep = rows_geometry(nchr, rows_tile, ROWS_SPLIT)
+                 k_sigma=None, dense=False, config=None, round_codes=True, split=True, target=None):
+    rows_tile, nw, waves = config or (INTERP_ROWS_CONFIG if interp else rows_config(mode, nchr, target))
+    tok, g, g2, nstep = rows_geometry(nchr, rows_tile, split)
     if nstep > 8:
         raise ValueError(f"K={K}: more than 8 register-tile steps per token ({nchr} chunks of {bk}, tile {rows_tile})")
     count = torch.zeros((), dtype=torch.int32, device=x.device) if k_sigma is not None else None
@@ -399,23 +408,24 @@ def _rows_launch(x, M, K, hb, bk, nchr, interp, mode, *, q=None, scale=None, ama
 
 def quantize_int8_act(
     x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *, dense: bool = False,
-    config: tuple | None = None,
+    config: tuple | None = None, split: bool = True, target: Target | None = None,
 ):
     """Fused ``block_hadamard`` + per-token INT8 (+ outlier count) in one read of ``x2d [M, K]``.
 
     Returns ``(Int8Tensor(codes [M, K] int8, scale [M, 1] fp32), count or None)``. With ``dense=True``
-    the codes come back as fp16 (exact integers), the operand format of the Hopper W4A8 GEMM.
+    the codes come back as fp16 (exact integers), the operand format of the W4A8 GEMM. ``split=False``:
+    pad one-step rows instead of the two-tile split (:func:`rows_geometry`; same bits, for comparisons).
     """
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     q = torch.empty((M, K), dtype=torch.float16 if dense else torch.int8, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=dense,
-                         config=config)
+                         config=config, split=split, target=target)
     return Int8Tensor(q, scale, x2d.dtype), count
 
 
 def scale16_act(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
-                config: tuple | None = None):
+                config: tuple | None = None, target: Target | None = None):
     """``block_hadamard(x)`` as fp16 values scaled per token into ``[-127, 127]`` (the INT8 pass without the
     rounding): a :class:`DenseAct` ``"fp16"`` with ``values * row_scale ≈ block_hadamard(x)`` to fp16
     precision (relative ~2**-12; the per-token scale keeps any magnitude in fp16's range), plus the count.
@@ -425,22 +435,23 @@ def scale16_act(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: f
     q = torch.empty((M, K), dtype=torch.float16, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_INT8, q=q, scale=scale, k_sigma=k_sigma, dense=True,
-                         config=config, round_codes=False)
+                         config=config, round_codes=False, target=target)
     return DenseAct(q, "fp16", row_scale=scale), count
 
 
 def nvfp4_amax(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
-               config: tuple | None = None):
+               config: tuple | None = None, target: Target | None = None):
     """The NVFP4 pre-pass: (int32 bit pattern of amax(|block_hadamard(x)|) as a 1-element tensor, count)."""
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=config)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=config,
+                         target=target)
     return amax, count
 
 
 def quantize_nvfp4_act(
     x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
-    dense: bool = False, config: tuple | None = None, rows_config: tuple | None = None,
+    dense: bool = False, config: tuple | None = None, rows_config: tuple | None = None, target: Target | None = None,
 ):
     """Fused ``block_hadamard`` + NVFP4 with the per-tensor scale of the rotated tensor (+ outlier count).
 
@@ -451,9 +462,11 @@ def quantize_nvfp4_act(
     """
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=rows_config)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=rows_config,
+                         target=target)
     mr = M * nchr
-    block_rows, nw, waves = config or ((64, 4, 1) if interp else CUDA_NVFP4_CONFIG)
+    tiles = CUDA_NVFP4_CONFIG if target is None else target.config("nvfp4_tiles", CUDA_NVFP4_CONFIG)
+    block_rows, nw, waves = config or (INTERP_NVFP4_CONFIG if interp else tiles)
     ts = torch.empty((), dtype=torch.float32, device=x.device)
     scales = torch.empty((M, K // FP4_BLOCK), dtype=torch.uint8, device=x.device)
     if dense:
@@ -473,19 +486,20 @@ def quantize_nvfp4_act(
 
 
 def rotate_split(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
-                 config: tuple | None = None):
+                 config: tuple | None = None, target: Target | None = None):
     """``block_hadamard(x)`` (fp32 math) as a :class:`SplitAct`: one bf16 ``[M, 2K]`` tensor ``[hi | lo]``
     with ``hi + lo`` within ~2**-17 relative of the fp32 rotation (the W4A16 GEMM operand), plus the count."""
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     hilo = torch.empty((M, 2 * K), dtype=torch.bfloat16, device=x.device)
-    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_SPLIT, q=hilo, k_sigma=k_sigma, config=config)
+    count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_SPLIT, q=hilo, k_sigma=k_sigma, config=config,
+                         target=target)
     return SplitAct(hilo), count
 
 
-def outlier_count(x2d: torch.Tensor, k_sigma: float, *, config: tuple | None = None):
+def outlier_count(x2d: torch.Tensor, k_sigma: float, *, config: tuple | None = None, target: Target | None = None):
     """``formats.outlier_count(x2d, k_sigma)[0]`` in one read of ``x2d`` (int32 0-d tensor)."""
     x, M, K, hb, bk, nchr, interp = _prep(x2d, None)
-    return _rows_launch(x, M, K, 0, bk, nchr, interp, MODE_STATS, k_sigma=k_sigma, config=config)
+    return _rows_launch(x, M, K, 0, bk, nchr, interp, MODE_STATS, k_sigma=k_sigma, config=config, target=target)
 
 
 __all__ = [

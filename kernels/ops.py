@@ -9,19 +9,25 @@ Contract (the engine, ``sixbit/linear.py``, codes against this):
     layouts directly (NVFP4 ``data [N, K/2]`` + ``scales [N, K/16]`` + fp32 tensor scale; INT8 ``[N, K]`` +
     ``[N, 1]`` scales), so no second copy in another layout is ever held.
 
-``linear(x [..., K], packed, route, *, k_sigma=None, backend="auto") -> (y [..., N] in x.dtype, count)``
+``linear(x [..., K], packed, route, *, k_sigma=None, backend="auto", cache=None, options=None) -> (y [..., N] in x.dtype, count)``
     ``route`` in ``"nvfp4"`` (W4A4), ``"int8"`` (W4A8: NVFP4 weights, per-token INT8 activations),
     ``"w8a8"`` (needs ``"int8"`` in ``formats``), ``"w4a16"`` (unquantized activations × NVFP4 weights).
     Numerics: ``formats.reference_linear`` of the same route. With ``k_sigma``, ``count`` is the number of
     outliers of ``x`` (``formats.outlier_count``: ``|x| > k_sigma * rms(token)``, un-rotated input) as an
     int64 0-d tensor, computed inside the activation-quantization pass; else ``None``.
-    ``backend``: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` (forced; on CPU it
-    needs ``TRITON_INTERPRET=1`` before this package is imported), ``"torch"`` (the reference).
+    ``backend``: ``"auto"`` (self-checked Triton on CUDA capability >= 8.0, torch reference on CPU),
+    ``"triton"`` (forced, unchecked; on CPU it needs ``TRITON_INTERPRET=1`` before this package is
+    imported), ``"torch"`` (the reference). ``options``: :class:`KernelOptions` (explicit switches).
 
-``compute_path(device) -> "cpu-reference" | "cuda-reference" | "hopper-triton" | "blackwell-native (unverified)"``
-    What ``backend="auto"`` runs on that device. sm_90 runs the Triton kernels. Capability ≥ 10 runs
-    the nvfp4 route through native FP4 ``torch._scaled_mm`` (never run here: unverified) and the other
-    routes through the same Triton kernels. Other CUDA GPUs (and no Triton) use the torch reference.
+``compute_path(device) -> str``
+    What ``backend="auto"`` runs on that device (``targets`` dispatches by capability): ``"hopper-triton"``
+    (9.x: TMA-descriptor GEMMs), ``"portable-triton"`` (any other capability >= 8.0: pointer-load GEMMs,
+    nothing Hopper-only), ``"blackwell-native (unverified) + portable-triton"`` (>= 10: the nvfp4 route on
+    native FP4 ``torch._scaled_mm``, never run on hardware), ``"cuda-reference"`` (< 8.0, no triton) or
+    ``"cpu-reference"``; after a self-check fallback, ``"; self-check fallback: <route>/<size> → <impl>"``.
+    Under ``auto`` every route is self-checked once per device before its first call (``selfcheck``):
+    a route that raises or misses the bound against the torch reference falls back — hopper → portable →
+    torch (native FP4 → hopper/portable → torch) — with a warning. ``backend="triton"`` runs unchecked.
 
 ``quantize_act(x2d, fmt, hadamard_block, k_sigma=None, backend="auto") -> (NVFP4Tensor | Int8Tensor, count)``
     The fused Hadamard + quantize (+ outlier count) on its own; ``fmt`` is ``"nvfp4"`` or ``"int8"``.
@@ -35,9 +41,9 @@ GEMM entry points (usable on their own): :func:`gemm_w4` (NVFP4 weights × NVFP4
 activations), :func:`gemm_w8a8`, :func:`scaled_mm_nvfp4` (Blackwell, unverified).
 
 Hopper detail. The W4A4 and W4A8 routes quantize the activations to exactly the NVFP4 / INT8 values of the
-spec, but on sm_90 (no FP4 tensor cores) ``linear`` hands them to the GEMM as exact fp16 values
-(``DenseAct``) rather than packed 4-bit codes when :data:`HOPPER_DENSE_ACTIVATIONS` is true: same numbers,
-no per-tile decode of A. Both forms are implemented and benchmarked (``benchmarks/kernels.py``); on the H200
+spec, but without FP4 tensor cores ``linear`` hands them to the GEMM as exact fp16 values
+(``DenseAct``) rather than packed 4-bit codes (``KernelOptions.dense_activations``, default): same numbers,
+no per-tile decode of A. Both forms are implemented and benchmarked (``python -m benchmarks.kernels``); on the H200
 the fp16 form measured 0.72x bf16 end to end against 0.29x for packed codes (1920→5760; the 16-bit form also
 lets ``gemm_w4`` decode the weight once per call), hence the default.
 The packed form is what ``quantize_act`` returns.
@@ -50,24 +56,25 @@ Beyond the contract: ``PackedLinear`` also exposes ``w4`` / ``w8`` (the packed t
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
-from sixbit import formats as F
+from sixbit import formats as spec
 from sixbit.routes import KERNEL_ROUTES, WEIGHT_FORMAT
 
-from . import blackwell
+from . import blackwell, selfcheck, targets
 
 try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" works
     from .block_stats import delta_stats as _delta_stats_kernel
     from .block_stats import supported as _delta_stats_supported
-    from .gemm_w4 import DenseAct, gemm_w4
+    from .gemm_w4 import DECODE_ONCE_MIN_M, DenseAct, gemm_w4
     from .gemm_w8a8 import gemm_w8a8
     from .hadamard_quant import outlier_count as _outlier_count_kernel
     from .hadamard_quant import quantize_int8_act, quantize_nvfp4_act, rotate_split, scale16_act
     from .layernorm import layer_norm_rows
-    from .layernorm import supported as layer_norm_supported
+    from .layernorm import supported as layer_norm_shape_ok
 
     HAVE_TRITON = True
 except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
@@ -92,17 +99,30 @@ __all__ = [
     "DenseAct",
     "LINEAR_ROUTES",
     "WEIGHT_FORMAT",
-    "HOPPER_DENSE_ACTIVATIONS",
-    "W4A16_FP32_SPLIT",
+    "KernelOptions",
+    "self_check_status",
 ]
 
 #: routes ``linear`` serves (``WEIGHT_FORMAT``: the weight format each needs), from ``sixbit.routes``
 LINEAR_ROUTES = KERNEL_ROUTES
-#: on sm_90, feed W4A4/W4A8 GEMMs the quantized activations as exact fp16 (see module docstring)
-HOPPER_DENSE_ACTIVATIONS = True
-#: W4A16 on rotated (or fp32) activations: False = one fp16 operand scaled per token (``scale16_act``,
-#: ~2**-12 relative, one GEMM pass); True = the fp32-exact bf16 ``[hi | lo]`` split (two GEMM passes)
-W4A16_FP32_SPLIT = False
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Explicit kernel switches of :func:`linear` (the defaults are what ``backend="auto"`` runs).
+
+    ``dense_activations``: feed W4A4/W4A8 GEMMs the quantized activations as exact fp16 (see module
+    docstring; never with native FP4). ``w4a16_split``: W4A16 on rotated (or fp32) activations as the
+    fp32-exact bf16 ``[hi | lo]`` split (two GEMM passes) instead of one fp16 operand scaled per token
+    (``scale16_act``, ~2**-12 relative). ``target``: a ``targets.Target`` (variant, configs) instead of
+    the device's; with it, ``backend="auto"`` runs that variant unchecked."""
+
+    dense_activations: bool = True
+    w4a16_split: bool = False
+    target: targets.Target | None = None
+
+
+DEFAULT_OPTIONS = KernelOptions()
 
 scaled_mm_nvfp4 = blackwell.scaled_mm_nvfp4
 
@@ -118,8 +138,8 @@ class PackedLinear:
     per row); either may be absent. ``bias`` keeps the layer's dtype.
     """
 
-    w4: F.NVFP4Tensor | None
-    w8: F.Int8Tensor | None
+    w4: spec.NVFP4Tensor | None
+    w8: spec.Int8Tensor | None
     bias: torch.Tensor | None
     hadamard_block: int | None
     in_features: int
@@ -159,7 +179,7 @@ class PackedLinear:
             self.hadamard_block, self.in_features, self.out_features,
         )
 
-    def weight(self, fmt: str) -> F.NVFP4Tensor | F.Int8Tensor:
+    def weight(self, fmt: str) -> spec.NVFP4Tensor | spec.Int8Tensor:
         w = self.w4 if fmt == "nvfp4" else self.w8 if fmt == "int8" else None
         if w is None:
             raise ValueError(f"this PackedLinear holds weight formats {self.formats}; {fmt!r} was asked for")
@@ -182,12 +202,12 @@ def pack_linear(
     N, K = weight.shape
     hb = int(hadamard_block) if hadamard_block else None
     if hb:
-        F.check_hadamard_block(K, hb)
-    if "nvfp4" in fmts and K % F.FP4_BLOCK:
-        raise ValueError(f"NVFP4 weights need K divisible by {F.FP4_BLOCK}, got K={K}")
+        spec.check_hadamard_block(K, hb)
+    if "nvfp4" in fmts and K % spec.FP4_BLOCK:
+        raise ValueError(f"NVFP4 weights need K divisible by {spec.FP4_BLOCK}, got K={K}")
     w = weight.detach()
-    w4 = F.quantize_weight(w, "nvfp4", hb) if "nvfp4" in fmts else None
-    w8 = F.quantize_weight(w, "int8", hb) if "int8" in fmts else None
+    w4 = spec.quantize_weight(w, "nvfp4", hb) if "nvfp4" in fmts else None
+    w8 = spec.quantize_weight(w, "int8", hb) if "int8" in fmts else None
     b = None if bias is None else bias.detach().clone()
     return PackedLinear(w4, w8, b, hb, K, N)
 
@@ -195,26 +215,54 @@ def pack_linear(
 # ---------------------------------------------------------------------------------------- dispatch
 
 
-def compute_path(device) -> str:
-    """What ``backend="auto"`` runs on ``device`` (see module docstring)."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return "cpu-reference"
-    if not torch.cuda.is_available():
-        return "cuda-reference"
-    if not HAVE_TRITON:  # pragma: no cover - triton ships with CUDA torch
-        return "cuda-reference"
+def _cuda_target(dev: torch.device) -> targets.Target | None:
+    """The dispatch target of a CUDA device, or ``None`` where the kernels do not run (capability < 8.0,
+    no triton, no CUDA)."""
+    if not torch.cuda.is_available() or not HAVE_TRITON:
+        return None
     major, _ = torch.cuda.get_device_capability(dev)
-    if major >= 10:
-        return "blackwell-native (unverified)"
-    if major == 9:
-        return "hopper-triton"
-    return "cuda-reference"
+    return targets.device_target(dev) if major >= 8 else None
+
+
+def _kernel_target(dev: torch.device) -> targets.Target | None:
+    """Where ``backend="auto"`` runs the checked Triton routes: CUDA capability ≥ 8.0, or CPU tensors inside
+    ``selfcheck.interpreter_dispatch``."""
+    if dev.type == "cuda":
+        return _cuda_target(dev)
+    return selfcheck.cpu_target() if dev.type == "cpu" and HAVE_TRITON else None
+
+
+def _native_fp4(dev: torch.device) -> bool:
+    return dev.type == "cuda" and blackwell.native_fp4_available(dev)
+
+
+def compute_path(device) -> str:
+    """What ``backend="auto"`` runs on ``device``: ``"cpu-reference"``, ``"cuda-reference"`` (capability
+    < 8.0), ``"hopper-triton"`` (9.x), ``"portable-triton"`` (other capabilities ≥ 8.0), prefixed by
+    ``"blackwell-native (unverified) + "`` on capability ≥ 10 — then, once the self-check has replaced a
+    route (``selfcheck``), ``"; self-check fallback: <route> → <impl>, ..."``."""
+    dev = torch.device(device)
+    tgt = _kernel_target(dev)
+    if tgt is None:
+        return "cpu-reference" if dev.type != "cuda" else "cuda-reference"
+    path = {targets.HOPPER: selfcheck.HOPPER_TRITON, targets.PORTABLE: selfcheck.PORTABLE_TRITON}[tgt.variant]
+    if _native_fp4(dev):
+        path = "blackwell-native (unverified) + " + path
+    fb = selfcheck.fallbacks(dev)
+    if fb:
+        path += "; self-check fallback: " + ", ".join(f"{k} → {v}" for k, v in sorted(fb.items()))
+    return path
+
+
+def self_check_status(device) -> dict:
+    """Every self-check made on ``device`` so far: ``{key: {"impl", "failures", "seconds"}}``."""
+    return selfcheck.status(device)
 
 
 def _resolve(backend: str, x: torch.Tensor) -> str:
+    """``"torch"``, ``"triton"`` (forced, unchecked) or ``"checked"`` (``auto`` on a kernel device)."""
     if backend == "auto":
-        return "torch" if compute_path(x.device) in ("cpu-reference", "cuda-reference") else "triton"
+        return "checked" if _kernel_target(x.device) is not None else "torch"
     if backend not in ("triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if backend == "triton" and not HAVE_TRITON:  # pragma: no cover
@@ -222,8 +270,12 @@ def _resolve(backend: str, x: torch.Tensor) -> str:
     return backend
 
 
-def _use_native_fp4(backend: str, x: torch.Tensor) -> bool:
-    return backend == "auto" and compute_path(x.device).startswith("blackwell") and blackwell.native_fp4_available(x.device)
+def _checked(dev: torch.device, key: tuple, triton_fn, reference) -> bool:
+    """Whether the (self-checked) Triton kernel serves ``key`` on ``dev`` (else the torch reference)."""
+    impl = selfcheck.cached(dev, key)
+    if impl is None:
+        impl = selfcheck.choose(dev, key, [(selfcheck.TRITON, triton_fn), (selfcheck.TORCH, None)], reference)
+    return impl == selfcheck.TRITON
 
 
 def quantize_act(x2d: torch.Tensor, fmt: str, hadamard_block: int | None = None, k_sigma: float | None = None,
@@ -232,10 +284,10 @@ def quantize_act(x2d: torch.Tensor, fmt: str, hadamard_block: int | None = None,
     if fmt not in ("nvfp4", "int8"):
         raise ValueError(f"fmt must be 'nvfp4' or 'int8', got {fmt!r}")
     if _resolve(backend, x2d) == "torch":
-        xr = F.block_hadamard(x2d, hadamard_block) if hadamard_block else x2d.float()
-        q = F.quantize_nvfp4(xr, check_finite=False) if fmt == "nvfp4" else F.quantize_int8(xr, check_finite=False)
+        xr = spec.block_hadamard(x2d, hadamard_block) if hadamard_block else x2d.float()
+        q = spec.quantize_nvfp4(xr, check_finite=False) if fmt == "nvfp4" else spec.quantize_int8(xr, check_finite=False)
         q.orig_dtype = x2d.dtype
-        count = F.outlier_count(x2d, k_sigma)[0] if k_sigma is not None else None
+        count = spec.outlier_count(x2d, k_sigma)[0] if k_sigma is not None else None
         return q, count
     fn = quantize_nvfp4_act if fmt == "nvfp4" else quantize_int8_act
     q, count = fn(x2d, hadamard_block, k_sigma)
@@ -244,10 +296,46 @@ def quantize_act(x2d: torch.Tensor, fmt: str, hadamard_block: int | None = None,
 
 def block_stats_supported(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[torch.Tensor] | None = None,
                           backend: str = "auto") -> bool:
-    """Whether :func:`block_stats` runs for these streams (the Triton path; else use the torch reference)."""
+    """Whether :func:`block_stats` runs for these streams (the Triton path — self-checked once per device
+    under ``auto``; else use the torch reference)."""
     olds_ = olds if olds is not None else [None] * len(outs)
-    return HAVE_TRITON and _resolve(backend, outs[0]) == "triton" and all(
-        _delta_stats_supported(o, i, d) for o, i, d in zip(outs, ins, olds_))
+    be = _resolve(backend, outs[0]) if HAVE_TRITON else "torch"
+    if be == "torch" or not all(_delta_stats_supported(o, i, d) for o, i, d in zip(outs, ins, olds_)):
+        return False
+    return be == "triton" or _checked(outs[0].device, ("block_stats", outs[0].dtype),
+                                      *_block_stats_problem(outs[0]))
+
+
+def _block_stats_problem(like: torch.Tensor):
+    g = torch.Generator(device=like.device).manual_seed(0)
+    o, i, d = (torch.randn(3, 16, 64, generator=g, device=like.device).to(like.dtype)).unbind(0)
+
+    def ref():
+        delta = o - i
+        dd = (delta.float() - d.float()).to(like.dtype).float()
+        return delta, torch.stack([delta.float().abs().sum(), i.float().abs().sum(), dd.abs().sum(),
+                                   d.float().abs().sum()]).double()
+
+    def run():
+        deltas, sums = block_stats([o], [i], [d])
+        return deltas[0], sums
+
+    return run, ref
+
+
+def layer_norm_supported(x: torch.Tensor, normalized_shape) -> bool:
+    """Whether :func:`layer_norm_rows` takes this input (``layernorm.supported``) and, on a kernel device,
+    passed its self-check there."""
+    if not layer_norm_shape_ok(x, normalized_shape):
+        return False
+    if _kernel_target(x.device) is None:
+        return True  # CPU tensors (interpreter tests with allow_cpu): unchecked, as before
+    d = x.shape[-1]
+    g = torch.Generator(device=x.device).manual_seed(0)
+    t = (torch.randn(2, 3, 40, d, generator=g, device=x.device) * 3 + 1).to(x.dtype).transpose(1, 2)
+    w, b = torch.randn(2, d, generator=g, device=x.device).to(x.dtype).unbind(0)
+    return _checked(x.device, ("layer_norm", d, x.dtype), lambda: layer_norm_rows(t, w, b, 1e-6),
+                    lambda: torch.nn.functional.layer_norm(t.float(), (d,), w.float(), b.float(), 1e-6).to(x.dtype))
 
 
 def block_stats(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[torch.Tensor] | None = None, *,
@@ -266,10 +354,25 @@ def block_stats(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[to
 def outlier_count(x: torch.Tensor, k_sigma: float, backend: str = "auto") -> tuple[torch.Tensor, int]:
     """``formats.outlier_count(x, k_sigma)``: (int64 0-d count, element count); one read on the Triton path."""
     x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-    if (_resolve(backend, x) == "triton" and x2.shape[-1] % 16 == 0
-            and x2.dtype in (torch.bfloat16, torch.float16, torch.float32)):
-        return _outlier_count_kernel(x2, k_sigma).to(torch.int64), x2.numel()
-    return F.outlier_count(x, k_sigma)
+    be = _resolve(backend, x)
+    if be != "torch" and x2.shape[-1] % 16 == 0 and x2.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        if be == "triton" or _checked(x.device, ("outlier_count", x2.dtype), *_outlier_problem(x2, k_sigma)):
+            return _outlier_count_kernel(x2, k_sigma).to(torch.int64), x2.numel()
+    return spec.outlier_count(x, k_sigma)
+
+
+def _outlier_problem(like: torch.Tensor, k_sigma: float):
+    xs = _check_input(16, like.shape[-1], like.dtype, like.device)
+    return (lambda: _outlier_count_kernel(xs, k_sigma).to(torch.int64)), (lambda: spec.outlier_count(xs, k_sigma)[0])
+
+
+def _check_input(m: int, k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The self-check's deterministic activation: normal rows with two outlier channels."""
+    g = torch.Generator(device=device).manual_seed(1234)
+    x = torch.randn(m, k, generator=g, device=device)
+    x[:, 1] *= 30.0
+    x[:, k // 2] *= 12.0
+    return x.to(dtype)
 
 
 class ActCache:
@@ -332,12 +435,12 @@ def _cached(cache: ActCache | None, x: torch.Tensor, key, make):
 
 
 def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma):
-    count = F.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
-    xr = F.block_hadamard(x2, hb) if hb else x2.float()
+    count = spec.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
+    xr = spec.block_hadamard(x2, hb) if hb else x2.float()
     if route == "nvfp4":
-        xq = F.quantize_nvfp4(xr, check_finite=False).dequantize(torch.float32)
+        xq = spec.quantize_nvfp4(xr, check_finite=False).dequantize(torch.float32)
     elif route in ("int8", "w8a8"):
-        xq = F.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
+        xq = spec.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
     else:
         xq = xr
     return xq, count
@@ -354,53 +457,87 @@ def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, c
     return y.to(x2.dtype), count
 
 
-def _act_form(route: str, dense: bool) -> str:
+def _act_form(route: str, dense: bool, w4a16_split: bool = False) -> str:
     """The GEMM operand a route needs: what ``_act_triton`` builds and the ``ActCache`` key (the int8 route
     with packed codes and w8a8 read the same tensor)."""
     if route == "nvfp4":
         return "nvfp4-dense" if dense else "nvfp4"
     if route in ("int8", "w8a8"):
         return "int8-dense" if route == "int8" and dense else "int8"
-    return "w4a16-split" if W4A16_FP32_SPLIT else "w4a16"
+    return "w4a16-split" if w4a16_split else "w4a16"
 
 
-def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma):
+def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma, target=None):
     """The operand of ``form`` (see :func:`_act_form`) for ``x2``: fused Hadamard + quantize, and the count."""
+    t = {"target": target}
     if form == "nvfp4-dense":
-        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True)
+        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True, **t)
         return DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs), count
     if form == "nvfp4":
-        return quantize_nvfp4_act(x2, hb, k_sigma)
+        return quantize_nvfp4_act(x2, hb, k_sigma, **t)
     if form == "int8-dense":
-        q, count = quantize_int8_act(x2, hb, k_sigma, dense=True)
+        q, count = quantize_int8_act(x2, hb, k_sigma, dense=True, **t)
         return DenseAct(q.data, "int8", row_scale=q.scale), count
     if form == "int8":
-        return quantize_int8_act(x2, hb, k_sigma)
+        return quantize_int8_act(x2, hb, k_sigma, **t)
     # w4a16
     if hb or x2.dtype == torch.float32:
-        return rotate_split(x2, hb, k_sigma) if form == "w4a16-split" else scale16_act(x2, hb, k_sigma)
-    return x2, (_outlier_count_kernel(x2, k_sigma) if k_sigma is not None else None)
+        return rotate_split(x2, hb, k_sigma, **t) if form == "w4a16-split" else scale16_act(x2, hb, k_sigma, **t)
+    return x2, (_outlier_count_kernel(x2, k_sigma, **t) if k_sigma is not None else None)
 
 
-def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, native_fp4: bool,
-                   cache=None, x=None):
+def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, impl: str,
+                   target: targets.Target | None, options: KernelOptions, cache=None, x=None):
+    """One route on one implementation: ``hopper-triton`` / ``portable-triton`` (``target`` of that
+    variant) or ``blackwell-native`` (the nvfp4 route through ``torch._scaled_mm``)."""
     hb = packed.hadamard_block
     out_dtype = x2.dtype
     bias = packed.bias
     w = packed.weight(WEIGHT_FORMAT[route])
-    form = _act_form(route, HOPPER_DENSE_ACTIVATIONS and not native_fp4)
-    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, form, hb, k_sigma))
+    native = impl == selfcheck.NATIVE
+    form = _act_form(route, options.dense_activations and not native, options.w4a16_split)
+    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, form, hb, k_sigma, target))
     if route == "w8a8":
-        return gemm_w8a8(a, w, bias, out_dtype), count
-    if route == "nvfp4" and native_fp4:
-        return blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype), count
-    return gemm_w4(a, w, bias, out_dtype), count
+        y = gemm_w8a8(a, w, bias, out_dtype, target=target)
+    elif native:
+        y = blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype)
+    else:
+        y = gemm_w4(a, w, bias, out_dtype, target=target)
+    return y, (None if count is None else count.to(torch.int64))
+
+
+def _variant_target(base: targets.Target, impl: str) -> targets.Target:
+    """``base`` with the variant an implementation name stands for (native FP4 keeps ``base``)."""
+    variant = {selfcheck.HOPPER_TRITON: targets.HOPPER, selfcheck.PORTABLE_TRITON: targets.PORTABLE}.get(impl)
+    return base if variant in (None, base.variant) else replace(base, variant=variant)
+
+
+def _impl_name(target: targets.Target) -> str:
+    return selfcheck.HOPPER_TRITON if target.variant == targets.HOPPER else selfcheck.PORTABLE_TRITON
+
+
+def _route_impl(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma) -> str:
+    """The self-checked implementation of ``route`` on ``x2``'s device for ``x2``'s size class (the check
+    runs on the first call: the layer's own weights, a random input of its width, ``selfcheck.BOUND``)."""
+    dev = x2.device
+    large = x2.shape[0] >= DECODE_ONCE_MIN_M
+    key = (route, "large" if large else "small")
+    impl = selfcheck.cached(dev, key)
+    if impl is not None:
+        return impl
+    tgt = _kernel_target(dev)
+    m = DECODE_ONCE_MIN_M + x2.shape[0] % 16 if large else x2.shape[0]
+    xs = _check_input(m, packed.in_features, x2.dtype, dev)
+    cands = [(n, partial(_linear_triton, xs, packed, route, k_sigma, n, _variant_target(tgt, n), DEFAULT_OPTIONS))
+             for n in selfcheck.ladder(route, tgt, _native_fp4(dev))]
+    return selfcheck.choose(dev, key, cands, lambda: _linear_torch(xs, packed, route, k_sigma))
 
 
 def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float | None = None,
-           backend: str = "auto", cache: ActCache | None = None):
+           backend: str = "auto", cache: ActCache | None = None, options: KernelOptions | None = None):
     """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract.
-    ``cache``: an :class:`ActCache` shared by linears that may read the same ``x`` (quantize once)."""
+    ``cache``: an :class:`ActCache` shared by linears that may read the same ``x`` (quantize once).
+    ``options``: explicit kernel switches (:class:`KernelOptions`)."""
     if route not in LINEAR_ROUTES:
         raise ValueError(f"route must be one of {LINEAR_ROUTES}, got {route!r}"
                          + (" (the fp16 route uses the original layer, which PackedLinear does not hold)"
@@ -414,10 +551,19 @@ def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float 
     if x2.shape[0] == 0:
         y = torch.empty((*lead, packed.out_features), dtype=x.dtype, device=x.device)
         return y, (torch.zeros((), dtype=torch.int64, device=x.device) if k_sigma is not None else None)
+    opts = options or DEFAULT_OPTIONS
     be = _resolve(backend, x2)
+    if be == "checked" and opts.target is not None:  # an explicit target runs unchecked
+        be, tgt, impl = "triton", opts.target, _impl_name(opts.target)
+    elif be == "checked":
+        impl = _route_impl(x2, packed, route, k_sigma)
+        tgt = _variant_target(_kernel_target(x2.device), impl)
+        be = "torch" if impl == selfcheck.TORCH else "triton"
+    elif be == "triton":
+        tgt = opts.target
+        impl = _impl_name(tgt or targets.device_target(x2.device))
     if be == "torch":
         y, count = _linear_torch(x2, packed, route, k_sigma, cache, x)
     else:
-        y, count = _linear_triton(x2, packed, route, k_sigma, _use_native_fp4(backend, x2), cache, x)
-        count = None if count is None else count.to(torch.int64)
+        y, count = _linear_triton(x2, packed, route, k_sigma, impl, tgt, opts, cache, x)
     return y.reshape(*lead, packed.out_features), count

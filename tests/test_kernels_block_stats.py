@@ -11,7 +11,7 @@ import torch
 
 import sixbit
 from sixbit import SixBitConfig
-from sixbit import formats as F
+from sixbit import formats as spec
 from sixbit._kernels import kernels as sk
 from sixbit.dmpq import gamma_sums
 from sixbit.tdc import delta_change_sums
@@ -84,7 +84,7 @@ def test_outlier_count_matches_reference(dtype):
     x[2, 10] = 0.0
     x[1, 4, :2] = -200.0
     c, n = ops.outlier_count(x.to(DEV), 8.0, "triton")
-    rc, rn = F.outlier_count(x, 8.0)
+    rc, rn = spec.outlier_count(x, 8.0)
     assert n == rn and c.dtype == torch.int64 and int(c) == int(rc) and int(rc) >= 2
     c, n = ops.outlier_count(torch.randn(3, 10).to(DEV), 8.0, "triton")  # width not a multiple of 16: reference
     assert n == 30

@@ -15,12 +15,16 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from sixbit import formats as F  # noqa: E402
+from sixbit import formats as spec  # noqa: E402
 from sixbit._kernels import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 g4 = sk.gemm_w4
 g8 = sk.gemm_w8a8
 hq = sk.hadamard_quant
+targets = sk.targets
+
+#: both GEMM variants on a Hopper-class target (the interpreter runs the TMA forms too)
+VARIANT_TARGETS = {v: targets.target_for((9, 0), variant=v) for v in targets.VARIANTS}
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-3
@@ -29,7 +33,7 @@ TOL = 1e-3
 def _rel(y, ref):
     y = y.float().cpu()
     assert bool(torch.isfinite(y).all()), "non-finite output"
-    return float(F.relative_error(y, ref))
+    return float(spec.relative_error(y, ref))
 
 
 def _data(m, n, k, seed, dtype=torch.bfloat16):
@@ -46,11 +50,11 @@ SHAPES = [(1, 32, 64), (17, 48, 96), (40, 80, 160), (3, 16, 16)]
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("decode", ["tile", "once"])
+@pytest.mark.parametrize("decode", ["tile", "once-hopper", "once-portable"])
 def test_gemm_w4a4_packed_and_dense(m, n, k, bias, decode):
     x, w, b = _data(m, n, k, seed=m + n + k)
     b = b if bias else None
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     qa, _ = hq.quantize_nvfp4_act(x.to(DEV))
     ref = qa.dequantize(torch.float32).cpu() @ w4.dequantize(torch.float32).T + (0 if b is None else b)
     wd = w4.to(DEV)
@@ -58,56 +62,63 @@ def test_gemm_w4a4_packed_and_dense(m, n, k, bias, decode):
     assert _rel(g4.gemm_w4(qa, wd, bd, torch.float32), ref) <= TOL
     (vals, bs, ts), _ = hq.quantize_nvfp4_act(x.to(DEV), dense=True)
     da = g4.DenseAct(vals, "nvfp4", tensor_scale=ts)
-    assert _rel(g4.gemm_w4(da, wd, bd, torch.float32, decode=decode), ref) <= TOL
+    assert _rel(g4.gemm_w4(da, wd, bd, torch.float32, **_decode(decode)), ref) <= TOL
+
+
+def _decode(decode: str) -> dict:
+    """``"tile"`` or ``"once-<variant>"`` → gemm_w4 keyword arguments."""
+    if decode == "tile":
+        return {"decode": "tile"}
+    return {"decode": "once", "target": VARIANT_TARGETS[decode.split("-")[1]]}
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
-@pytest.mark.parametrize("decode", ["tile", "once"])
+@pytest.mark.parametrize("decode", ["tile", "once-hopper", "once-portable"])
 def test_gemm_w4a8_packed_and_dense(m, n, k, decode):
     x, w, b = _data(m, n, k, seed=2 * m + n)
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     ref = q8.dequantize(torch.float32).cpu() @ w4.dequantize(torch.float32).T + b
     assert _rel(g4.gemm_w4(q8, w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
     d8, _ = hq.quantize_int8_act(x.to(DEV), dense=True)
     da = g4.DenseAct(d8.data, "int8", row_scale=d8.scale)
-    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode=decode), ref) <= TOL
+    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, **_decode(decode)), ref) <= TOL
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("decode", ["tile", "once"])
+@pytest.mark.parametrize("decode", ["tile", "once-hopper", "once-portable"])
 def test_gemm_w4a16(m, n, k, dtype, decode):
     x, w, b = _data(m, n, k, seed=3 * m + k, dtype=dtype)
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     ref = x.float() @ w4.dequantize(torch.float32).T + b
-    assert _rel(g4.gemm_w4(x.to(DEV), w4.to(DEV), b.to(DEV), torch.float32, decode=decode), ref) <= TOL
+    assert _rel(g4.gemm_w4(x.to(DEV), w4.to(DEV), b.to(DEV), torch.float32, **_decode(decode)), ref) <= TOL
     # fp32-precision activations (here: Hadamard-rotated) through the bf16 [hi | lo] split
     hb = 16
-    xr = F.block_hadamard(x, hb)
-    wr = F.quantize_weight(w, "nvfp4", hb)
+    xr = spec.block_hadamard(x, hb)
+    wr = spec.quantize_weight(w, "nvfp4", hb)
     ref = xr @ wr.dequantize(torch.float32).T + b
     pair, _ = hq.rotate_split(x.to(DEV), hb)
-    assert _rel(g4.gemm_w4(pair, wr.to(DEV), b.to(DEV), torch.float32, decode=decode), ref) <= TOL
+    assert _rel(g4.gemm_w4(pair, wr.to(DEV), b.to(DEV), torch.float32, **_decode(decode)), ref) <= TOL
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES + [(5, 24, 48)])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("tma", [False, True])
-def test_gemm_w8a8(m, n, k, bias, tma):
+@pytest.mark.parametrize("variant", targets.VARIANTS)
+def test_gemm_w8a8(m, n, k, bias, variant):
     x, w, b = _data(m, n, k, seed=5 * m + n)
     b = b if bias else None
-    w8 = F.quantize_int8(w)
+    w8 = spec.quantize_int8(w)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     ref = q8.dequantize(torch.float32).cpu() @ w8.dequantize(torch.float32).T + (0 if b is None else b)
-    y = g8.gemm_w8a8(q8, w8.to(DEV), None if b is None else b.to(DEV), torch.float32, tma=tma)
+    y = g8.gemm_w8a8(q8, w8.to(DEV), None if b is None else b.to(DEV), torch.float32, target=VARIANT_TARGETS[variant])
     assert _rel(y, ref) <= TOL
 
 
 def test_k_tail_and_output_dtypes():
     """K not a multiple of the K-tile (masked tail), bf16/fp16 outputs."""
     x, w, b = _data(9, 40, 80, seed=99)
-    w4, w8 = F.quantize_nvfp4(w), F.quantize_int8(w)
+    w4, w8 = spec.quantize_nvfp4(w), spec.quantize_int8(w)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     cfg4 = (16, 16, 64, 4, 4, 1, False)  # K=80 = 64 + a masked tail of 16
     ref = q8.dequantize(torch.float32).cpu() @ w4.dequantize(torch.float32).T + b
@@ -124,36 +135,37 @@ def test_k_tail_and_output_dtypes():
 def test_gemm_w4_production_tiles(swap):
     """The CUDA tile configs (large tiles, weight-as-A swap), on a shape with ragged M and N."""
     x, w, b = _data(70, 136, 256, seed=7)
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     (vals, bs, ts), _ = hq.quantize_nvfp4_act(x.to(DEV), dense=True)
     qa, _ = hq.quantize_nvfp4_act(x.to(DEV))
     ref = qa.dequantize(torch.float32).cpu() @ w4.dequantize(torch.float32).T + b
     for mode, a in ((g4.A_DENSE, g4.DenseAct(vals, "nvfp4", tensor_scale=ts)), (g4.A_NVFP4, qa)):
-        cfg = g4.CUDA_CONFIGS[mode]
-        cfg = (*cfg[:6], swap)
-        assert _rel(g4.gemm_w4(a, w4.to(DEV), b.to(DEV), torch.float32, config=cfg), ref) <= TOL
+        for _, cfg in g4.TILE_CONFIGS[mode]:  # every shared-memory tier
+            cfg = cfg._replace(swap=swap)
+            assert _rel(g4.gemm_w4(a, w4.to(DEV), b.to(DEV), torch.float32, config=cfg), ref) <= TOL
 
 
 def test_gemm_decoded_once_production_tiles_and_dispatch(monkeypatch):
-    """The decode-once GEMM at its CUDA tiles on ragged M/N and a K with a partial last tile (TMA zero
-    fill), bf16 out; and ``decode="auto"`` switching to it at DECODE_ONCE_MIN_M rows."""
+    """The decode-once GEMM at its CUDA tiles (both variants, every tier) on ragged M/N and a K with a
+    partial last tile (TMA zero fill / masked pointer loads), bf16 out; and ``decode="auto"`` switching to
+    it at ``decode_once_min_m`` rows."""
     x, w, b = _data(70, 136, 288, seed=9)
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     (vals, bs, ts), _ = hq.quantize_nvfp4_act(x.to(DEV), dense=True)
     da = g4.DenseAct(vals, "nvfp4", tensor_scale=ts)
     ref = da.dequantize(torch.float32).cpu() @ w4.dequantize(torch.float32).T + b
-    y = g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode="once", config=g4.CUDA_DENSE_W_CONFIG)
-    assert _rel(y, ref) <= TOL
+    for variant, tgt in VARIANT_TARGETS.items():
+        for _, cfg in g4.DENSE_W_CONFIGS[variant]:
+            y = g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode="once", config=cfg, target=tgt)
+            assert _rel(y, ref) <= TOL, (variant, cfg)
     yb = g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.bfloat16, decode="once")
     assert yb.dtype == torch.bfloat16 and _rel(yb, ref) <= 4e-3
     calls = []
     real = g4._gemm_decoded_once
     monkeypatch.setattr(g4, "_gemm_decoded_once", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(g4, "DECODE_ONCE_MIN_M", 71)
-    g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32)
+    g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode_once_min_m=71)
     assert not calls
-    monkeypatch.setattr(g4, "DECODE_ONCE_MIN_M", 70)
-    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32), ref) <= TOL
+    assert _rel(g4.gemm_w4(da, w4.to(DEV), b.to(DEV), torch.float32, decode_once_min_m=70), ref) <= TOL
     assert calls
     qa, _ = hq.quantize_nvfp4_act(x.to(DEV))
     with pytest.raises(ValueError, match="16-bit activations"):
@@ -168,63 +180,66 @@ def test_decode_weight_exact(dtype):
     g = torch.Generator().manual_seed(4)
     w = torch.randn(37, 80, generator=g) * torch.logspace(-3, 3, 37).unsqueeze(1)
     w[5] = 0.0
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     y = g4.decode_weight(w4.to(DEV), dtype).cpu()
-    exact = F.e2m1_decode(F.unpack_fp4(w4.data)).view(37, -1, 16) * w4.scales.float().unsqueeze(-1) / 128
+    exact = spec.e2m1_decode(spec.unpack_fp4(w4.data)).view(37, -1, 16) * w4.scales.float().unsqueeze(-1) / 128
     assert y.dtype == dtype
     assert torch.equal(y.float(), exact.view(37, 80))
 
 
 def test_gemm_w8a8_production_tiles():
     x, w, b = _data(70, 136, 256, seed=8)
-    w8 = F.quantize_int8(w)
+    w8 = spec.quantize_int8(w)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     ref = q8.dequantize(torch.float32).cpu() @ w8.dequantize(torch.float32).T + b
-    assert _rel(g8.gemm_w8a8(q8, w8.to(DEV), b.to(DEV), torch.float32, config=g8.CUDA_CONFIG), ref) <= TOL
-    y = g8.gemm_w8a8(q8, w8.to(DEV), b.to(DEV), torch.float32, config=g8.CUDA_TMA_CONFIG, tma=True)
-    assert _rel(y, ref) <= TOL
-    with pytest.raises(ValueError, match="tma=True"):  # K not a multiple of 16
-        q = F.Int8Tensor(q8.data[:, :250].contiguous(), q8.scale, q8.orig_dtype)
-        g8.gemm_w8a8(q, F.Int8Tensor(w8.data[:, :250].contiguous(), w8.scale, w8.orig_dtype).to(DEV), tma=True)
+    for variant, tgt in VARIANT_TARGETS.items():
+        for _, cfg in g8.CONFIGS[variant]:
+            assert _rel(g8.gemm_w8a8(q8, w8.to(DEV), b.to(DEV), torch.float32, config=cfg, target=tgt), ref) <= TOL
+    # K not a multiple of 16: the hopper variant falls back to pointer loads
+    q = spec.Int8Tensor(q8.data[:, :250].contiguous(), q8.scale, q8.orig_dtype)
+    w250 = spec.Int8Tensor(w8.data[:, :250].contiguous(), w8.scale, w8.orig_dtype)
+    ref = q.dequantize(torch.float32).cpu() @ w250.dequantize(torch.float32).T
+    assert _rel(g8.gemm_w8a8(q, w250.to(DEV), None, torch.float32, target=VARIANT_TARGETS["hopper"]), ref) <= TOL
 
 
 @pytest.mark.parametrize("n", [136, 36])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_gemm_w8a8_tma_store_equals_pointer_store(n, dtype, monkeypatch):
+def test_gemm_w8a8_tma_store_equals_pointer_store(n, dtype):
     """The descriptor-store epilogue (rows past M clipped by the copy engine) writes exactly what the masked
     pointer store writes, for every output dtype; a row pitch that is not 16-byte aligned (36 bf16/fp16
     columns) falls back to the pointer store."""
     x, w, b = _data(70, n, 256, seed=n)
-    w8 = F.quantize_int8(w).to(DEV)
+    w8 = spec.quantize_int8(w).to(DEV)
     q8, _ = hq.quantize_int8_act(x.to(DEV))
     cfg = (32, 32, 64, 4, 4, 1)
-    monkeypatch.setattr(g8, "TMA_STORE", True)
-    y_desc = g8.gemm_w8a8(q8, w8, b.to(DEV), dtype, config=cfg, tma=True)
-    monkeypatch.setattr(g8, "TMA_STORE", False)
-    y_ptr = g8.gemm_w8a8(q8, w8, b.to(DEV), dtype, config=cfg, tma=True)
+    hopper = VARIANT_TARGETS["hopper"]
+    y_desc = g8.gemm_w8a8(q8, w8, b.to(DEV), dtype, config=cfg, target=hopper, tma_store=True)
+    y_ptr = g8.gemm_w8a8(q8, w8, b.to(DEV), dtype, config=cfg, target=hopper, tma_store=False)
     assert y_desc.dtype == dtype and torch.equal(y_desc, y_ptr)
     ref = q8.dequantize(torch.float32).cpu() @ w8.dequantize(torch.float32).cpu().T + b
     assert _rel(y_desc, ref) <= (TOL if dtype == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("ptx", [True, False])
-def test_decoded_weights_are_exact_halves(ptx, monkeypatch):
+def test_decoded_weights_are_exact_halves(ptx):
     """The in-kernel decode (bit placement × scale·2**7) reproduces E2M1 × bs exactly: an identity GEMM.
-    On CUDA both decoders run (inline PTX and the portable one); the interpreter always uses the latter."""
-    monkeypatch.setattr(sk._common, "PTX_DECODE", ptx)
+    On CUDA both decoders run (inline PTX and the element-wise one); the interpreter always uses the latter."""
+    from dataclasses import replace
+
+    tgt = replace(VARIANT_TARGETS["portable"], ptx_decode=ptx)
     g = torch.Generator().manual_seed(3)
     w = torch.randn(32, 64, generator=g) * torch.logspace(-3, 3, 32).unsqueeze(1)
-    w4 = F.quantize_nvfp4(w)
+    w4 = spec.quantize_nvfp4(w)
     eye = torch.eye(64, dtype=torch.float16)
-    y = g4.gemm_w4(eye.to(DEV), w4.to(DEV), None, torch.float32).cpu()  # = dequant(W)^T
-    exact = F.e2m1_decode(F.unpack_fp4(w4.data)).view(32, -1, 16) * w4.scales.float().unsqueeze(-1)
+    y = g4.gemm_w4(eye.to(DEV), w4.to(DEV), None, torch.float32, target=tgt).cpu()  # = dequant(W)^T
+    exact = spec.e2m1_decode(spec.unpack_fp4(w4.data)).view(32, -1, 16) * w4.scales.float().unsqueeze(-1)
     assert torch.equal(y.T, (exact.view(32, 64) * w4.tensor_scale).float())
 
 
 def test_rejects_mismatched_k():
     x, w, _ = _data(4, 16, 64, seed=1)
-    w4 = F.quantize_nvfp4(w[:, :32])
+    w4 = spec.quantize_nvfp4(w[:, :32])
     with pytest.raises(ValueError):
         g4.gemm_w4(x.to(DEV), w4.to(DEV))
     with pytest.raises(TypeError):
-        g4.gemm_w4(x.float().to(DEV), F.quantize_nvfp4(w).to(DEV))
+        g4.gemm_w4(x.float().to(DEV), spec.quantize_nvfp4(w).to(DEV))

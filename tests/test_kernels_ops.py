@@ -11,7 +11,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from sixbit import formats as F  # noqa: E402
+from sixbit import formats as spec  # noqa: E402
 from sixbit._kernels import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 blackwell = sk.blackwell
@@ -53,7 +53,7 @@ def test_pack_linear_nbytes_exact(n, k):
     only4 = ops.pack_linear(w, None)
     assert only4.formats == ("nvfp4",) and only4.nbytes == nv and only4.w8 is None
     # the packed weights are exactly formats.quantize_weight's
-    ref = F.quantize_weight(w, "nvfp4", 16)
+    ref = spec.quantize_weight(w, "nvfp4", 16)
     assert torch.equal(p.w4.data, ref.data) and torch.equal(p.w4.scales.view(torch.uint8), ref.scales.view(torch.uint8))
 
 
@@ -93,9 +93,9 @@ def test_linear_matches_reference_linear(route, hb, backend):
     p = ops.pack_linear(w, b, formats=("nvfp4", "int8"), hadamard_block=hb).to(DEV)
     y, count = ops.linear(x.to(DEV), p, route, k_sigma=6.0, backend=backend)
     assert y.shape == (2, 9, 40) and y.dtype == x.dtype
-    ref = F.reference_linear(x, w, b, route, hb)
-    assert int(count) == int(F.outlier_count(x.reshape(-1, 128), 6.0)[0]) and count.dtype == torch.int64
-    err = float(F.relative_error(y.cpu(), ref))
+    ref = spec.reference_linear(x, w, b, route, hb)
+    assert int(count) == int(spec.outlier_count(x.reshape(-1, 128), 6.0)[0]) and count.dtype == torch.int64
+    err = float(spec.relative_error(y.cpu(), ref))
     # both are bf16 roundings of (nearly) the same fp32 values; the fused rotation may move a few codes
     assert err <= (1e-3 if hb is None else 5e-3), err
 
@@ -109,7 +109,7 @@ def test_linear_triton_equals_torch_backend_fp32(route):
     yt, ct = ops.linear(x.to(DEV), p, route, backend="triton")
     yr, cr = ops.linear(x, p.to("cpu"), route, backend="torch")
     assert ct is None and cr is None
-    assert float(F.relative_error(yt.cpu(), yr)) <= 1e-3
+    assert float(spec.relative_error(yt.cpu(), yr)) <= 1e-3
 
 
 def test_linear_without_bias_and_empty_input():
@@ -120,7 +120,7 @@ def test_linear_without_bias_and_empty_input():
     x = _x((3, 32), seed=8)
     y, c = ops.linear(x.to(DEV), p, "int8", backend="triton")
     assert c is None
-    assert float(F.relative_error(y.cpu(), F.reference_linear(x, w, None, "int8"))) <= 2e-3
+    assert float(spec.relative_error(y.cpu(), spec.reference_linear(x, w, None, "int8"))) <= 2e-3
 
 
 def test_linear_route_errors():
@@ -189,21 +189,24 @@ def test_quantize_act_both_backends_agree():
         qt, ct = ops.quantize_act(x.to(DEV), fmt, 16, k_sigma=5.0, backend="triton")
         qr, cr = ops.quantize_act(x, fmt, 16, k_sigma=5.0, backend="torch")
         assert int(ct) == int(cr)
-        assert float(F.relative_error(qt.dequantize(torch.float32).cpu(), qr.dequantize(torch.float32))) < 1e-2
+        assert float(spec.relative_error(qt.dequantize(torch.float32).cpu(), qr.dequantize(torch.float32))) < 1e-2
 
 
 def test_compute_path_and_auto_backend():
     assert ops.compute_path("cpu") == "cpu-reference"
     if torch.cuda.is_available():
         major = torch.cuda.get_device_capability()[0]
-        expect = {9: "hopper-triton"}.get(major, "blackwell-native (unverified)" if major >= 10 else "cuda-reference")
-        assert ops.compute_path("cuda") == expect
+        variant = sk.targets.device_target("cuda").variant if major >= 8 else None
+        expect = {"hopper": "hopper-triton", "portable": "portable-triton", None: "cuda-reference"}[variant]
+        if major >= 10 and blackwell.native_fp4_available("cuda"):
+            expect = "blackwell-native (unverified) + " + expect
+        assert ops.compute_path("cuda").startswith(expect)
     # auto on CPU is the torch reference: identical to reference_linear
     w, b = _layer(16, 64, seed=13)
     x = _x((5, 64), seed=14)
     p = ops.pack_linear(w, b, hadamard_block=64)
     y, _ = ops.linear(x, p, "nvfp4")
-    assert torch.equal(y, F.reference_linear(x, w, b, "nvfp4", 64))
+    assert torch.equal(y, spec.reference_linear(x, w, b, "nvfp4", 64))
 
 
 # ------------------------------------------------------------------------ Blackwell (emulated only)
@@ -228,9 +231,34 @@ def test_blackwell_emulated_numerics():
     multiplied by the emulator, reproduce the W4A4 reference."""
     w, b = _layer(72, 128, seed=15)
     x = _x((33, 128), seed=16, dtype=torch.float32)
-    wq = F.quantize_nvfp4(w)
-    xq = F.quantize_nvfp4(x)
+    wq = spec.quantize_nvfp4(w)
+    xq = spec.quantize_nvfp4(x)
     y = blackwell.emulated_linear_nvfp4(xq, wq, b, torch.float32)
     ref = xq.dequantize(torch.float32) @ wq.dequantize(torch.float32).T + b
-    assert float(F.relative_error(y, ref)) <= 1e-5
+    assert float(spec.relative_error(y, ref)) <= 1e-5
     assert not blackwell.native_fp4_available("cpu")
+
+
+def test_dispatch_by_capability_and_shared_memory(monkeypatch):
+    t = sk.targets
+    monkeypatch.delenv("SIXBIT_KERNEL_VARIANT", raising=False)  # the GPU runs force it for the whole suite
+    assert t.target_for((9, 0)).variant == "hopper"
+    for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+        assert t.target_for(cap).variant == "portable"
+    assert t.target_for((8, 6)).ptx_decode is False and t.target_for((8, 9)).ptx_decode is True
+    with pytest.raises(ValueError, match="needs capability >= 9.0"):
+        t.target_for((8, 6), variant="hopper")
+    monkeypatch.setenv("SIXBIT_KERNEL_VARIANT", "portable")
+    assert t.target_for((9, 0)).variant == "portable"
+    monkeypatch.setenv("SIXBIT_KERNEL_VARIANT", "fast")
+    with pytest.raises(ValueError, match="SIXBIT_KERNEL_VARIANT"):
+        t.target_for((9, 0))
+    monkeypatch.delenv("SIXBIT_KERNEL_VARIANT")
+    g4 = sk.gemm_w4
+    big, small = t.target_for((9, 0), variant="portable"), t.target_for((8, 6))
+    assert g4.dense_w_config(big) != g4.dense_w_config(small)  # tiers by opt-in shared memory
+    assert g4.tile_config(t.target_for((8, 0)), g4.A_DENSE) == g4.TILE_CONFIGS[g4.A_DENSE][-1][1]
+    cfg = t.GemmConfig(16, 16, 64, 4, 4, 1)
+    tuned = small.with_configs(w8a8=cfg, w4_tile_0=g4.INTERP_CONFIG)
+    assert sk.gemm_w8a8.launch_config(tuned) == cfg and g4.tile_config(tuned, g4.A_DENSE) == g4.INTERP_CONFIG
+    assert sk.gemm_w8a8.launch_config(small) != cfg

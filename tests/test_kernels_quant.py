@@ -16,14 +16,14 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from sixbit import formats as F  # noqa: E402
+from sixbit import formats as spec  # noqa: E402
 from sixbit._kernels import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 hq = sk.hadamard_quant
 _e2m1_encode = sk._common.e2m1_encode
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-E2M1_MAG = torch.tensor(F.E2M1_VALUES)
+E2M1_MAG = torch.tensor(spec.E2M1_VALUES)
 
 
 def _gen(seed):
@@ -36,8 +36,8 @@ def _rand(m, k, seed, dtype=torch.bfloat16, scale=1.0):
     return x.to(dtype)
 
 
-def _codes(t: F.NVFP4Tensor):
-    return F.unpack_fp4(t.data.cpu())
+def _codes(t: spec.NVFP4Tensor):
+    return spec.unpack_fp4(t.data.cpu())
 
 
 def _assert_int8_equal(q, ref):
@@ -50,7 +50,7 @@ def _assert_int8_equal(q, ref):
 def _assert_nvfp4_equal(q, ref):
     assert torch.equal(q.tensor_scale.cpu().reshape(()), ref.tensor_scale.reshape(())), "tensor scale differs"
     assert torch.equal(q.scales.cpu().view(torch.uint8), ref.scales.view(torch.uint8)), "block scales differ"
-    d = F.unpack_fp4(q.data.cpu()) != F.unpack_fp4(ref.data)
+    d = spec.unpack_fp4(q.data.cpu()) != spec.unpack_fp4(ref.data)
     assert not bool(d.any()), f"{int(d.sum())} NVFP4 codes differ"
 
 
@@ -65,10 +65,10 @@ def test_quantize_bit_exact_without_rotation(m, k, dtype):
     x[0, k // 3] = 300.0  # a large outlier
     xd = x.to(DEV)
     q8, c8 = hq.quantize_int8_act(xd, None, k_sigma=4.0)
-    _assert_int8_equal(q8, F.quantize_int8(x.float()))
+    _assert_int8_equal(q8, spec.quantize_int8(x.float()))
     q4, c4 = hq.quantize_nvfp4_act(xd, None, k_sigma=4.0)
-    _assert_nvfp4_equal(q4, F.quantize_nvfp4(x.float()))
-    ref_count = int(F.outlier_count(x, 4.0)[0])
+    _assert_nvfp4_equal(q4, spec.quantize_nvfp4(x.float()))
+    ref_count = int(spec.outlier_count(x, 4.0)[0])
     assert int(c8) == ref_count and int(c4) == ref_count
 
 
@@ -76,9 +76,9 @@ def test_quantize_bit_exact_without_rotation(m, k, dtype):
 def test_quantize_bit_exact_on_rotated_input(hb):
     """The spec's rotation computed by formats, handed to the kernels un-fused: bit-exact."""
     x = _rand(33, 384, seed=hb)
-    xr = F.block_hadamard(x, hb)
-    _assert_int8_equal(hq.quantize_int8_act(xr.to(DEV), None)[0], F.quantize_int8(xr))
-    _assert_nvfp4_equal(hq.quantize_nvfp4_act(xr.to(DEV), None)[0], F.quantize_nvfp4(xr))
+    xr = spec.block_hadamard(x, hb)
+    _assert_int8_equal(hq.quantize_int8_act(xr.to(DEV), None)[0], spec.quantize_int8(xr))
+    _assert_nvfp4_equal(hq.quantize_nvfp4_act(xr.to(DEV), None)[0], spec.quantize_nvfp4(xr))
 
 
 @pytest.mark.parametrize("hb", [16, 64])
@@ -88,10 +88,10 @@ def test_fused_rotation_bit_exact_when_sums_are_exact(hb, m, k):
     exact and 1/sqrt(hb) is a power of two, so fused and reference rotations agree in every bit."""
     g = _gen(hb + m + k)
     x = (torch.randint(-64, 65, (m, k), generator=g).float() * 2.0**-3).to(torch.bfloat16)
-    xr = F.block_hadamard(x, hb)
+    xr = spec.block_hadamard(x, hb)
     xd = x.to(DEV)
-    _assert_int8_equal(hq.quantize_int8_act(xd, hb)[0], F.quantize_int8(xr))
-    _assert_nvfp4_equal(hq.quantize_nvfp4_act(xd, hb)[0], F.quantize_nvfp4(xr))
+    _assert_int8_equal(hq.quantize_int8_act(xd, hb)[0], spec.quantize_int8(xr))
+    _assert_nvfp4_equal(hq.quantize_nvfp4_act(xd, hb)[0], spec.quantize_nvfp4(xr))
 
 
 # ------------------------------------------------------- fused rotation on random data: rare ±1 steps
@@ -108,15 +108,15 @@ def test_fused_rotation_random_inputs(hb, dtype):
     where a rotated value sits on a rounding tie (the fused sum is ordered differently). Bound the rate."""
     m, k = 67, 512
     x = _rand(m, k, seed=3 * hb, dtype=dtype, scale=3.0)
-    xr = F.block_hadamard(x, hb)
+    xr = spec.block_hadamard(x, hb)
     q8, _ = hq.quantize_int8_act(x.to(DEV), hb)
-    r8 = F.quantize_int8(xr)
+    r8 = spec.quantize_int8(xr)
     d = (q8.data.cpu().int() - r8.data.int()).abs()
     assert int(d.max()) <= 1 and float((d > 0).float().mean()) < 1e-3
     torch.testing.assert_close(q8.scale.cpu(), r8.scale, rtol=1e-5, atol=0)
 
     q4, _ = hq.quantize_nvfp4_act(x.to(DEV), hb)
-    r4 = F.quantize_nvfp4(xr)
+    r4 = spec.quantize_nvfp4(xr)
     torch.testing.assert_close(q4.tensor_scale.cpu().reshape(()), r4.tensor_scale, rtol=1e-5, atol=0)
     sb = (q4.scales.cpu().view(torch.uint8).int() - r4.scales.view(torch.uint8).int()).abs()
     assert int(sb.max()) <= 1 and float((sb > 0).float().mean()) < 1e-2
@@ -124,7 +124,7 @@ def test_fused_rotation_random_inputs(hb, dtype):
     dm = (_mag_index(c) - _mag_index(rc)).abs()
     assert int(dm.max()) <= 1 and float((dm > 0).float().mean()) < 1e-2
     # every rotated value dequantizes to (nearly) the same number
-    err = F.relative_error(q4.dequantize(torch.float32).cpu(), r4.dequantize(torch.float32))
+    err = spec.relative_error(q4.dequantize(torch.float32).cpu(), r4.dequantize(torch.float32))
     assert float(err) < 2e-2
 
 
@@ -135,16 +135,16 @@ def test_fused_rotation_random_inputs(hb, dtype):
 def test_huge_and_tiny_magnitudes(scale):
     x = _rand(9, 128, seed=11, dtype=torch.float32, scale=scale)
     x[2, 5] = 40 * scale
-    _assert_int8_equal(hq.quantize_int8_act(x.to(DEV), None)[0], F.quantize_int8(x))
-    _assert_nvfp4_equal(hq.quantize_nvfp4_act(x.to(DEV), None)[0], F.quantize_nvfp4(x))
+    _assert_int8_equal(hq.quantize_int8_act(x.to(DEV), None)[0], spec.quantize_int8(x))
+    _assert_nvfp4_equal(hq.quantize_nvfp4_act(x.to(DEV), None)[0], spec.quantize_nvfp4(x))
 
 
 def test_all_zero_tensor():
     x = torch.zeros(5, 64, dtype=torch.bfloat16)
     q8, c8 = hq.quantize_int8_act(x.to(DEV), 16, k_sigma=8.0)
-    _assert_int8_equal(q8, F.quantize_int8(x.float()))
+    _assert_int8_equal(q8, spec.quantize_int8(x.float()))
     q4, c4 = hq.quantize_nvfp4_act(x.to(DEV), 16, k_sigma=8.0)
-    _assert_nvfp4_equal(q4, F.quantize_nvfp4(x.float()))
+    _assert_nvfp4_equal(q4, spec.quantize_nvfp4(x.float()))
     assert int(c8) == 0 and int(c4) == 0
     assert not bool(q4.dequantize(torch.float32).cpu().any())
 
@@ -158,7 +158,7 @@ def test_non_finite_inputs_give_documented_nan(bad):
     assert bool(torch.isnan(s[3])) and bool(torch.isfinite(torch.cat([s[:3], s[4:]])).all())
     deq = q8.dequantize(torch.float32).cpu()
     assert bool(torch.isnan(deq[3]).all()) and bool(torch.isfinite(deq[[0, 1, 2, 4, 5]]).all())
-    ref8 = F.quantize_int8(F.block_hadamard(x, 16), check_finite=False)
+    ref8 = spec.quantize_int8(spec.block_hadamard(x, 16), check_finite=False)
     assert torch.equal(q8.data.cpu()[[0, 1, 2, 4, 5]], ref8.data[[0, 1, 2, 4, 5]])
     q4, _ = hq.quantize_nvfp4_act(x.to(DEV), 16)
     assert bool(torch.isnan(q4.dequantize(torch.float32).cpu()).all()), "one non-finite value: whole tensor NaN"
@@ -169,7 +169,7 @@ def test_outlier_count_matches_spec():
     x[:, 7] *= 30.0  # an outlier channel
     x[5] = 0
     for ks in (2.0, 4.0, 8.0):
-        ref = int(F.outlier_count(x, ks)[0])
+        ref = int(spec.outlier_count(x, ks)[0])
         assert int(hq.outlier_count(x.to(DEV), ks)) == ref
         assert int(hq.quantize_int8_act(x.to(DEV), 32, k_sigma=ks)[1]) == ref
         assert int(hq.nvfp4_amax(x.to(DEV), 32, k_sigma=ks)[1]) == ref
@@ -201,7 +201,7 @@ def test_rotate_split_precision():
     x = _rand(13, 640, seed=4, dtype=torch.float32, scale=7.0)
     sp, _ = hq.rotate_split(x.to(DEV), 128)
     assert sp.hilo.shape == (13, 1280) and sp.hilo.dtype == torch.bfloat16
-    xr = F.block_hadamard(x, 128)
+    xr = spec.block_hadamard(x, 128)
     rec = sp.value().cpu()
     # hi + lo carries ≥ 16 significant bits (the interpreter truncates fp32 → bf16; the GPU rounds)
     err = (rec - xr).abs() / xr.abs().amax(dim=1, keepdim=True)
@@ -216,7 +216,7 @@ def test_scale16_act_precision(k, hb):
     x[3] = 0.0
     d, c = hq.scale16_act(x.to(DEV), hb, k_sigma=4.0)
     assert d.fmt == "fp16" and d.values.dtype == torch.float16 and d.row_scale.shape == (11, 1)
-    xr = F.block_hadamard(x, hb) if hb else x
+    xr = spec.block_hadamard(x, hb) if hb else x
     err = (d.dequantize().cpu() - xr).abs() / xr.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
     assert float(err.max()) <= 2.0**-11
     assert float(d.values.abs().max()) <= 127.0 and bool((d.values[3] == 0).all())
@@ -234,7 +234,7 @@ def test_rejects_bad_shapes():
 
 
 @pytest.mark.parametrize("hb", [None, 64])
-def test_multi_step_rows_equal_single_step(hb, monkeypatch):
+def test_multi_step_rows_equal_single_step(hb):
     """A small register tile forces several steps per token (second pass re-reads the rows): results must
     be bit-identical to the one-step kernel for every mode."""
     x = _rand(9, 3072, seed=31, scale=2.0)  # 24 or 48 chunks: tile 16 → 2-3 steps; tile 256 → 1 step
@@ -247,15 +247,14 @@ def test_multi_step_rows_equal_single_step(hb, monkeypatch):
     assert torch.equal(a8.data, b8.data) and torch.equal(a8.scale, b8.scale) and int(ac) == int(bc)
     am, amc = hq.nvfp4_amax(xd, hb, k_sigma=4.0, config=one)
     bm, bmc = hq.nvfp4_amax(xd, hb, k_sigma=4.0, config=many)
-    assert torch.equal(am, bm) and int(amc) == int(bmc) == int(F.outlier_count(x, 4.0)[0])
+    assert torch.equal(am, bm) and int(amc) == int(bmc) == int(spec.outlier_count(x, 4.0)[0])
     sa, _ = hq.rotate_split(xd, hb, config=one)
     sb, _ = hq.rotate_split(xd, hb, config=many)
     assert torch.equal(sa.hilo, sb.hilo)
     assert int(hq.outlier_count(xd, 4.0, config=many)) == int(ac)
-    monkeypatch.setattr(hq, "ROWS_SPLIT", False)  # `one` pads instead of splitting: same bits
-    c8, cc = hq.quantize_int8_act(xd, hb, k_sigma=4.0, config=one)
+    c8, cc = hq.quantize_int8_act(xd, hb, k_sigma=4.0, config=one, split=False)  # pads instead: same bits
     assert torch.equal(a8.data, c8.data) and torch.equal(a8.scale, c8.scale) and int(ac) == int(cc)
-    ref = F.quantize_int8(F.block_hadamard(x, hb) if hb else x.float())
+    ref = spec.quantize_int8(spec.block_hadamard(x, hb) if hb else x.float())
     if hb is None:
         _assert_int8_equal(b8, ref)
 
@@ -299,6 +298,6 @@ def test_e2m1_encode_matches_spec_on_ties_and_neighbours():
     c = torch.empty(v.numel(), dtype=torch.uint8)
     vd, cd = v.to(DEV), c.to(DEV)
     _enc[(triton.cdiv(v.numel(), 1024),)](vd, cd, v.numel(), BLOCK=1024, enable_fp_fusion=False)
-    ref = F.e2m1_encode(v.clamp(-6, 6))
+    ref = spec.e2m1_encode(v.clamp(-6, 6))
     bad = cd.cpu() != ref
     assert not bool(bad.any()), list(zip(v[bad].tolist()[:5], cd.cpu()[bad].tolist()[:5], ref[bad].tolist()[:5]))
