@@ -13,7 +13,7 @@ Importing this package does not import triton; ``sixbit_kernels.ops`` does. See 
 
 import importlib as _importlib
 
-_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "blackwell")
+_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "blackwell", "attention_fp8")
 
 
 def __getattr__(name):  # lazy submodules: ``sixbit_kernels.ops`` without importing triton up front
