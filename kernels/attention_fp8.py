@@ -25,7 +25,8 @@ INT8's uniform grid needs and e4m3's relative grid does not. PV is always e4m3 �
 
 Options that change speed, not the spec: ``exp16`` computes ``exp2`` with ``ex2.approx.f16x2`` (two
 results per MUFU op; ``t`` is rounded to fp16 first, which is far below e4m3's resolution), ``rowsum_mma``
-takes the row sum of P8 from a ``P8 · ones`` MMA instead of a register reduction. Both CUDA only.
+takes the row sum of P8 from a ``P8 · ones`` MMA instead of a register reduction (both CUDA only), ``tma``
+reads the K/V tiles through TMA tensor descriptors instead of pointer loads.
 
 Lengths. Query rows past ``S_q`` are masked on load/store. Keys: ``kv_len`` (int32 per batch, ≤ S_kv;
 default S_kv) ends each batch's keys; full key blocks run unmasked, the one partial block runs masked
@@ -62,7 +63,7 @@ assert F.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in 
 #: ``benchmarks/attention.py`` (``--sweep``)
 CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}
 #: speed options per head dim (see the module docstring)
-OPTIONS = {64: dict(exp16=False, rowsum_mma=False), 128: dict(exp16=False, rowsum_mma=False)}
+OPTIONS = {64: dict(exp16=False, rowsum_mma=False, tma=False), 128: dict(exp16=False, rowsum_mma=False, tma=False)}
 
 
 @dataclass
@@ -212,12 +213,15 @@ def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, start, n_kv, S_pad, ones,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, EXP16: tl.constexpr,
-                ROWSUM_MMA: tl.constexpr, INTERP: tl.constexpr):
+def _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
+                ones, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                EXP16: tl.constexpr, ROWSUM_MMA: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
-    kt = tl.load(k8_base + n[None, :] * D + d[:, None])  # [D, BLOCK_N]: K-major B operand
+    if TMA:
+        kt = k_desc.load([bh * S_pad + start, 0]).T
+    else:
+        kt = tl.load(k8_base + n[None, :] * D + d[:, None])  # [D, BLOCK_N]: K-major B operand
     s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
     if MASK:
         s = tl.where((n < n_kv)[None, :], s, float("-inf"))
@@ -229,7 +233,10 @@ def _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, start, n_
         p8 = _exp2(t, EXP16).to(tl.float8e4nv)
     else:
         p8 = _e4m3(_exp2(t, EXP16), INTERP)
-    vt = tl.load(v8_base + n[:, None] + d[None, :] * S_pad)  # [BLOCK_N, D], tokens contiguous
+    if TMA:
+        vt = v_desc.load([bh * D, start]).T
+    else:
+        vt = tl.load(v8_base + n[:, None] + d[None, :] * S_pad)  # [BLOCK_N, D], tokens contiguous
     acc = _dot8(p8, vt, acc * alpha[:, None], INTERP)
     if ROWSUM_MMA:
         lsum = _dot8(p8, ones, lsum * alpha[:, None], INTERP)
@@ -239,11 +246,12 @@ def _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, start, n_
 
 
 @triton.jit
-def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, S_q, S_kv, S_pad, H, qk_const,
+def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, S_q, S_kv, S_pad, H,
+                     qk_const,
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, EXP16: tl.constexpr,
-                     ROWSUM_MMA: tl.constexpr, INTERP: tl.constexpr):
+                     ROWSUM_MMA: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -279,11 +287,13 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, S_
         lsum = 0
     full = (n_kv // BLOCK_N) * BLOCK_N
     for start in range(0, full, BLOCK_N):
-        acc, l_i, m_i, lsum = _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, start, n_kv,
-                                          S_pad, ones, D, BLOCK_M, BLOCK_N, False, EXP16, ROWSUM_MMA, INTERP)
+        acc, l_i, m_i, lsum = _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh,
+                                          start, n_kv, S_pad, ones, D, BLOCK_M, BLOCK_N, False, EXP16, ROWSUM_MMA,
+                                          TMA, INTERP)
     if full < n_kv:
-        acc, l_i, m_i, lsum = _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, full, n_kv,
-                                          S_pad, ones, D, BLOCK_M, BLOCK_N, True, EXP16, ROWSUM_MMA, INTERP)
+        acc, l_i, m_i, lsum = _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh,
+                                          full, n_kv, S_pad, ones, D, BLOCK_M, BLOCK_N, True, EXP16, ROWSUM_MMA,
+                                          TMA, INTERP)
     if ROWSUM_MMA:
         l_i = tl.max(lsum, axis=1)
     vs = tl.load(vs_ptr + bh * D + d)
@@ -294,13 +304,14 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, S_
 
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  exp16: bool | None = None, rowsum_mma: bool | None = None) -> torch.Tensor:
+                  exp16: bool | None = None, rowsum_mma: bool | None = None, tma: bool | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
     place). ``kv_len``: int32/int64 ``[B]`` keys per batch (key padding). ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``exp16`` / ``rowsum_mma``: see the
-    module docstring (default :data:`OPTIONS`; forced off in the interpreter)."""
+    module docstring (default :data:`OPTIONS`; forced off in the interpreter); ``tma``: read K/V tiles
+    through TMA tensor descriptors instead of pointer loads (default :data:`OPTIONS`)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
@@ -312,6 +323,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     opts = OPTIONS.get(D, {})
     exp16 = (opts.get("exp16", False) if exp16 is None else exp16) and not interp
     rowsum_mma = (opts.get("rowsum_mma", False) if rowsum_mma is None else rowsum_mma) and not interp
+    tma = opts.get("tma", False) if tma is None else tma
     if interp:
         bm = min(bm, 32)
     if out is None:
@@ -323,11 +335,17 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     qk_const = sm_scale * LOG2E / (D if kv.rotate else 1)
     S_pad = kv.k.shape[1]
+    k_desc = v_desc = kv.k
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc = TensorDescriptor.from_tensor(kv.k.view(-1, D), [bn, D])
+        v_desc = TensorDescriptor.from_tensor(kv.v.view(-1, S_pad), [D, bn])
     _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
-        q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale,
+        q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
         S_q, kv.seq_len, S_pad, H, qk_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        EXP16=exp16, ROWSUM_MMA=rowsum_mma, INTERP=interp,
+        EXP16=exp16, ROWSUM_MMA=rowsum_mma, TMA=tma, INTERP=interp,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out

@@ -83,6 +83,14 @@ def test_attention_matches_the_spec(S, S_kv, D, qk):
     _close(out, ref)
 
 
+def test_tma_loads_match_pointer_loads():
+    q, k, v = _qkv(S=37, D=32, seed=2)
+    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=CFG[1])
+    a = fa.attention_fp8(q.to(DEV), kv, config=CFG, tma=False)
+    b = fa.attention_fp8(q.to(DEV), kv, config=CFG, tma=True)
+    assert torch.equal(a, b)
+
+
 def test_rotation_and_no_smoothing():
     q, k, v = _qkv(S=29, D=32, seed=3)
     for kw in (dict(qk="int8", rotate=True), dict(qk="fp8", smooth=False)):
