@@ -13,8 +13,8 @@ is its fast form. Two launches per call:
 2. ``attention_fp8`` — the attention. Each program takes ``BLOCK_M`` query rows of one head, quantizes
    them in its prologue (per-token scale; Q is read once, so quantizing it inside the kernel costs no
    extra pass), then walks the K/V blocks: ``S = Q8·K8ᵀ`` (fp32 accumulators), row max, ``t = S·c − m +
-   8`` with ``c = q_scale·k_scale·sm_scale·log2 e`` (one FMA), ``P8 = e4m3(exp2(t))`` — P in [0, 1] times
-   the fixed scale 2⁸, put into the exponent for free — row sum of P8, ``O = O·α + P8·V8``. The epilogue
+   8`` with ``c = q_scale·k_scale·sm_scale·log2 e`` (one FMA), ``p = exp2(t)`` — P in [0, 1] times the
+   fixed scale 2⁸, put into the exponent for free —, row sum of p, ``O = O·α + e4m3(p)·V8``. The epilogue
    multiplies by the V channel scales, divides by the row sum and stores in the caller's layout (a
    ``[B, S, H, D]`` buffer viewed as ``[B, H, S, D]`` makes the processor's transpose free).
 
@@ -23,10 +23,11 @@ int32 accumulators). ``rotate=True`` multiplies Q and K by the same ±1 Sylveste
 unchanged up to the factor D, folded into ``c``): it spreads outlier channels over all channels, which
 INT8's uniform grid needs and e4m3's relative grid does not. PV is always e4m3 × e4m3.
 
-Options that change speed, not the spec: ``exp16`` computes ``exp2`` with ``ex2.approx.f16x2`` (two
-results per MUFU op; ``t`` is rounded to fp16 first, which is far below e4m3's resolution), ``rowsum_mma``
-takes the row sum of P8 from a ``P8 · ones`` MMA instead of a register reduction (both CUDA only), ``tma``
-reads the K/V tiles through TMA tensor descriptors instead of pointer loads.
+Speed option (not the spec): ``tma`` reads the K/V tiles through TMA tensor descriptors instead of
+pointer loads. Tried and dropped (slower on the H200, ``benchmarks/results/attention_h200_first.md``):
+``exp2`` as ``ex2.approx.f16x2`` (two results per MUFU op, but the fp32 → f16 conversions cost more:
+434 vs 477 TFLOP/s at the 2B shape) and the row sum from a ``P8 · ones`` MMA (344). The row sum is taken
+over the fp32 ``p`` before rounding (one add per element instead of two conversions and an add).
 
 Lengths. Query rows past ``S_q`` are masked on load/store. Keys: ``kv_len`` (int32 per batch, ≤ S_kv;
 default S_kv) ends each batch's keys; full key blocks run unmasked, the one partial block runs masked
@@ -62,8 +63,8 @@ assert F.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in 
 #: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages); tuned on the H200 by
 #: ``benchmarks/attention.py`` (``--sweep``)
 CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}
-#: speed options per head dim (see the module docstring)
-OPTIONS = {64: dict(exp16=False, rowsum_mma=False, tma=False), 128: dict(exp16=False, rowsum_mma=False, tma=False)}
+#: TMA descriptor loads for K/V per head dim (see the module docstring), tuned like CONFIGS
+TMA = {32: False, 64: False, 128: False}
 
 
 @dataclass
@@ -128,6 +129,18 @@ def _amax_to_scale(amax, QMAX: tl.constexpr):
 
 
 @triton.jit
+def _rotate(x, D: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 ``x [R, D]`` times the ±1 Sylvester-Hadamard matrix: fp32 products on the tensor cores as
+    three tf32 MMAs on CUDA (an fp32 FMA loop took 12.8 ms for the Wan K/V pass), exact fp32 in the
+    interpreter."""
+    h = hadamard_blockdiag(D, D, tl.float32)
+    if INTERP:
+        return tl.dot(x, h, input_precision="ieee")
+    else:
+        return tl.dot(x, h, input_precision="tf32x3")
+
+
+@triton.jit
 def _dot8(a, b, acc, INTERP: tl.constexpr):
     """8-bit MMA with fp32 accumulation (int8: int32 on the tensor cores, exact, then fp32)."""
     if INTERP:  # the interpreter multiplies 8-bit float operands as raw bytes
@@ -136,15 +149,6 @@ def _dot8(a, b, acc, INTERP: tl.constexpr):
         return acc + tl.dot(a, b, out_dtype=tl.int32).to(tl.float32)
     else:
         return tl.dot(a, b, acc)
-
-
-@triton.jit
-def _exp2(t, EXP16: tl.constexpr):
-    if EXP16:
-        return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [t.to(tl.float16)],
-                                         dtype=tl.float16, is_pure=True, pack=2)
-    else:
-        return tl.exp2(t)
 
 
 # ---------------------------------------------------------------------------------------- K/V pass
@@ -167,7 +171,7 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
     mean = tl.load(mean_ptr + bh * D + d)
     kc = tl.where(valid, k.to(tl.float32) - mean[None, :], 0.0)
     if ROT:
-        kc = tl.dot(kc, hadamard_blockdiag(D, D, tl.float32), input_precision="ieee")
+        kc = _rotate(kc, D, INTERP)
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     amax = tl.max(tl.max(absbits(kc), axis=1), axis=0).to(tl.float32, bitcast=True)
     inv, scale = _amax_to_scale(amax, QMAX)
@@ -202,47 +206,38 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
 
 
 def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
-    """``[B, H, D]`` V amax → ``[BH, D]`` dequantization scales (formats' rule: amax/448, 1 for 0, NaN
-    where the amax is non-finite)."""
-    safe = torch.where(vamax == 0, torch.full_like(vamax, F.E4M3_MAX), vamax)
-    scale = torch.where(torch.isfinite(vamax), safe / F.E4M3_MAX, torch.full_like(vamax, float("nan")))
-    return scale.reshape(-1, vamax.shape[-1]).contiguous()
+    """``[B, H, D]`` V amax → ``[BH, D]`` dequantization scales (``formats.attention_scale``)."""
+    return F.attention_scale(vamax, "fp8")[1].reshape(-1, vamax.shape[-1]).contiguous()
 
 
 # ------------------------------------------------------------------------------------- attention
 
 
 @triton.jit
-def _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
-                ones, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                EXP16: tl.constexpr, ROWSUM_MMA: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
+def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                TMA: tl.constexpr, INTERP: tl.constexpr):
+    start = tl.multiple_of(start, BLOCK_N)
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     if TMA:
         kt = k_desc.load([bh * S_pad + start, 0]).T
     else:
-        kt = tl.load(k8_base + n[None, :] * D + d[:, None])  # [D, BLOCK_N]: K-major B operand
+        kt = tl.trans(tl.load(k8_base + n[:, None] * D + d[None, :]))  # [D, BLOCK_N], read as [BLOCK_N, D] rows
     s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
     if MASK:
         s = tl.where((n < n_kv)[None, :], s, float("-inf"))
     cks = c * tl.load(ks_base + start // BLOCK_N)
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * cks)
     alpha = tl.exp2(m_i - m_new)
-    t = tl.fma(s, cks[:, None], (8.0 - m_new)[:, None])
-    if EXP16:
-        p8 = _exp2(t, EXP16).to(tl.float8e4nv)
-    else:
-        p8 = _e4m3(_exp2(t, EXP16), INTERP)
+    p = tl.exp2(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]))
+    l_i = l_i * alpha + tl.sum(p, axis=1)
     if TMA:
         vt = v_desc.load([bh * D, start]).T
     else:
-        vt = tl.load(v8_base + n[:, None] + d[None, :] * S_pad)  # [BLOCK_N, D], tokens contiguous
-    acc = _dot8(p8, vt, acc * alpha[:, None], INTERP)
-    if ROWSUM_MMA:
-        lsum = _dot8(p8, ones, lsum * alpha[:, None], INTERP)
-    else:
-        l_i = l_i * alpha + tl.sum(p8.to(tl.float32), axis=1)
-    return acc, l_i, m_new, lsum
+        vt = tl.trans(tl.load(v8_base + d[:, None] * S_pad + n[None, :]))  # [BLOCK_N, D], read as [D, BLOCK_N] rows
+    acc = _dot8(_e4m3(p, INTERP), vt, acc * alpha[:, None], INTERP)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -250,8 +245,7 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
                      qk_const,
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
-                     ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, EXP16: tl.constexpr,
-                     ROWSUM_MMA: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
+                     ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -262,7 +256,7 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     rows64 = rows.to(tl.int64)
     q = tl.load(q_ptr + b * sqb + h * sqh + rows64[:, None] * sqs + d[None, :] * sqd, mask=rmask, other=0.0)
     if ROT:
-        qf = tl.dot(q.to(tl.float32), hadamard_blockdiag(D, D, tl.float32), input_precision="ieee")
+        qf = _rotate(q.to(tl.float32), D, INTERP)
     else:
         qf = q.to(tl.float32)
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
@@ -279,23 +273,13 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     acc = tl.zeros((BLOCK_M, D), tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    if ROWSUM_MMA:
-        ones = tl.full((BLOCK_N, 16), 1.0, tl.float32).to(tl.float8e4nv)
-        lsum = tl.zeros((BLOCK_M, 16), tl.float32)
-    else:
-        ones = 0
-        lsum = 0
     full = (n_kv // BLOCK_N) * BLOCK_N
     for start in range(0, full, BLOCK_N):
-        acc, l_i, m_i, lsum = _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh,
-                                          start, n_kv, S_pad, ones, D, BLOCK_M, BLOCK_N, False, EXP16, ROWSUM_MMA,
-                                          TMA, INTERP)
+        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start,
+                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, False, TMA, INTERP)
     if full < n_kv:
-        acc, l_i, m_i, lsum = _attn_block(acc, l_i, m_i, lsum, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh,
-                                          full, n_kv, S_pad, ones, D, BLOCK_M, BLOCK_N, True, EXP16, ROWSUM_MMA,
-                                          TMA, INTERP)
-    if ROWSUM_MMA:
-        l_i = tl.max(lsum, axis=1)
+        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, full,
+                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, True, TMA, INTERP)
     vs = tl.load(vs_ptr + bh * D + d)
     out = acc / l_i[:, None] * vs[None, :]
     o = cast_out(out, o_ptr.dtype.element_ty, INTERP)
@@ -304,14 +288,13 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
 
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  exp16: bool | None = None, rowsum_mma: bool | None = None, tma: bool | None = None) -> torch.Tensor:
+                  tma: bool | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
     place). ``kv_len``: int32/int64 ``[B]`` keys per batch (key padding). ``config`` = (BLOCK_M, BLOCK_N,
-    num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``exp16`` / ``rowsum_mma``: see the
-    module docstring (default :data:`OPTIONS`; forced off in the interpreter); ``tma``: read K/V tiles
-    through TMA tensor descriptors instead of pointer loads (default :data:`OPTIONS`)."""
+    num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
+    tensor descriptors instead of pointer loads (default :data:`TMA`)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
@@ -320,10 +303,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     bm, bn, warps, stages = config or CONFIGS[D]
     if bn != kv.block_n:
         raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
-    opts = OPTIONS.get(D, {})
-    exp16 = (opts.get("exp16", False) if exp16 is None else exp16) and not interp
-    rowsum_mma = (opts.get("rowsum_mma", False) if rowsum_mma is None else rowsum_mma) and not interp
-    tma = opts.get("tma", False) if tma is None else tma
+    tma = TMA.get(D, False) if tma is None else tma
     if interp:
         bm = min(bm, 32)
     if out is None:
@@ -345,7 +325,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
         S_q, kv.seq_len, S_pad, H, qk_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        EXP16=exp16, ROWSUM_MMA=rowsum_mma, TMA=tma, INTERP=interp,
+        TMA=tma, INTERP=interp,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out
@@ -354,13 +334,13 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  **options) -> torch.Tensor:
+                  tma: bool | None = None) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
     _check_qkv(q, k, v, qk)
     block_n = (config or CONFIGS[q.shape[-1]])[1]
     kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
-    return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, **options)
+    return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -382,4 +362,4 @@ def _check_qkv(q, k, v, qk):
                          f"{sorted(CONFIGS)})")
 
 
-__all__ = ["KV8", "CONFIGS", "OPTIONS", "quantize_kv", "attention_fp8", "fp8_attention", "supported"]
+__all__ = ["KV8", "CONFIGS", "TMA", "quantize_kv", "attention_fp8", "fp8_attention", "supported"]

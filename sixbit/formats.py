@@ -438,7 +438,7 @@ def reference_linear(
 # * V: per channel, scale = amax/448, codes = e4m3(v · (448/amax)).
 # * Online softmax over the key blocks j (keys ≥ kv_len masked to −inf), fp32 throughout:
 #   S = Q8·K8ⱼᵀ, cks = c·k_scaleⱼ, m' = max(m, rowmax(S)·cks), α = exp2(m − m'),
-#   P8 = e4m3(exp2(S·cks + (8 − m'))) — P·2⁸ —, l = l·α + Σ P8, O = O·α + P8·V8ⱼ.
+#   p = exp2(S·cks + (8 − m')) — P·2⁸ —, l = l·α + Σ p (before rounding), O = O·α + e4m3(p)·V8ⱼ.
 # * out = O / l · v_scale (per channel).
 #
 # Kernel vs reference: the quantization pass is bit-exact without rotation (rotation: sums of 64 terms
@@ -471,11 +471,14 @@ def attention_kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True)
     return mean.contiguous(), torch.where(bad, torch.full_like(vamax, float("nan")), vamax).contiguous()
 
 
-def _attn_scale(amax: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
-    safe = torch.where(amax == 0, torch.full_like(amax, qmax), amax)
+def attention_scale(amax: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(QMAX/amax, amax/QMAX) as IEEE fp32 divisions of two tensors (PyTorch computes ``c / x`` as
+    ``c · (1/x)`` and, on CUDA, ``x / c`` as ``x · (1/c)``); amax 0 → 1; non-finite → (0, NaN)."""
+    qmax = torch.full_like(amax, _ATTN_QMAX[fmt])
+    safe = torch.where(amax == 0, qmax, amax)
     finite = torch.isfinite(amax)
-    inv = torch.where(finite, torch.full_like(safe, qmax) / safe, torch.zeros_like(safe))  # IEEE (not 1/x · qmax)
-    return inv, torch.where(finite, safe / qmax, torch.full_like(safe, float("nan")))
+    return (torch.where(finite, qmax / safe, torch.zeros_like(safe)),
+            torch.where(finite, safe / qmax, torch.full_like(safe, float("nan"))))
 
 
 def _attn_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -498,9 +501,9 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
         kc = kc @ attention_rotation(D, k.device)
     pad = (-S) % block_n if S else block_n
     kc = torch.nn.functional.pad(kc, (0, 0, 0, pad)).view(B, H, -1, block_n, D)
-    kinv, kscale = _attn_scale(kc.abs().amax(dim=(-1, -2)), _ATTN_QMAX[qk])
+    kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)
     k8 = _attn_cast(kc * kinv[..., None, None], qk).view(B, H, -1, D)
-    vinv, vscale = _attn_scale(vamax, E4M3_MAX)
+    vinv, vscale = attention_scale(vamax, "fp8")
     v8 = _attn_cast(torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :], "fp8")
     return {"k": k8, "k_scale": kscale, "v": v8, "v_scale": vscale}
 
@@ -513,7 +516,7 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     B, H, S_q, D = q.shape
     kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
     qf = q.float() @ attention_rotation(D, q.device) if rotate else q.float()
-    qinv, qscale = _attn_scale(qf.abs().amax(dim=-1), _ATTN_QMAX[qk])
+    qinv, qscale = attention_scale(qf.abs().amax(dim=-1), qk)
     q8 = _attn_cast(qf * qinv[..., None], qk)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
@@ -529,10 +532,11 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         m_new = torch.maximum(m, s.amax(dim=-1) * cks)
         m_new = torch.where(valid.any(-1)[:, None, None], m_new, m)  # batches already past their keys
         alpha = torch.exp2(m - m_new)
-        p8 = _attn_cast(torch.exp2(s * cks[..., None] + (ATTN_P_LOG2 - m_new)[..., None]), "fp8")
-        p8 = torch.where(valid[:, None, None, :], p8, 0.0)
+        p = torch.exp2(s * cks[..., None] + (ATTN_P_LOG2 - m_new)[..., None])
+        p = torch.where(valid[:, None, None, :], p, 0.0)
         done = ~valid.any(-1)[:, None, None]
-        lsum = torch.where(done, lsum, lsum * alpha + p8.sum(-1))
+        lsum = torch.where(done, lsum, lsum * alpha + p.sum(-1))
+        p8 = _attn_cast(p, "fp8")
         acc = torch.where(done[..., None], acc, acc * alpha[..., None] + p8 @ kv["v"][:, :, j:j + block_n])
         m = m_new
     return acc / lsum[..., None] * kv["v_scale"][:, :, None, :]
@@ -543,6 +547,7 @@ __all__ += [
     "ATTN_P_SCALE",
     "ATTN_QK_FORMATS",
     "attention_rotation",
+    "attention_scale",
     "attention_kv_stats",
     "attention_quantize_kv",
     "attention_fp8_reference",

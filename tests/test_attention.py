@@ -112,7 +112,9 @@ def test_fp8_route_matches_the_spec_and_sdpa():
     o, ran = attend(q, k, v, "fp8", allow_cpu=True)
     from sixbit import formats as F
     exp = F.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=sk.attention_fp8.CONFIGS[32][1])
-    torch.testing.assert_close(o.cpu(), exp.transpose(1, 2).reshape(2, 19, 64), rtol=1e-5, atol=1e-5)
+    exp = exp.transpose(1, 2).reshape(2, 19, 64)
+    tol = 1e-5 if DEV == "cpu" else 2e-2 * float(exp.abs().max())  # GPU: fp8 MMA sums, P8 rounding flips
+    torch.testing.assert_close(o.cpu(), exp, rtol=0, atol=tol)
     assert ran == "fp8" and ATTENTION_ROUTES == ("bf16", "fp8")
 
 
