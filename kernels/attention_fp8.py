@@ -37,11 +37,12 @@ Non-finite input (tested): a NaN/Inf in a Q row makes that output row NaN; a NaN
 of a (batch, head) makes that head's whole output NaN (the statistics flag the head and its V scales
 become NaN). Never finite garbage.
 
-Accuracy (CPU emulation of this spec against fp32 attention on bf16 inputs, 256 query rows × 17,776 keys,
-D = 64, relative L2): e4m3 for both products 5.5 % on N(0, 1) inputs and 13 % with 5 K channels × 20;
-int8 + rotation for QKᵀ 3.9 % / 3.9 %. The e4m3 PV alone costs 2.7–3.9 % on zero-mean random V (an e4m3
-element carries ±3 % relative rounding error, which a weighted mean of random values does not average
-away); cuDNN bf16 is 0.2 %. ``benchmarks/attention.py`` measures all of it on the GPU.
+Measured on the H200 (``benchmarks/results/attention_h200.md``, docs/ATTENTION.md): at the CogVideoX
+2B / 5B shapes the whole call is 1.22× / 1.24× cuDNN bf16 SDPA (kernel alone 537–539 TFLOP/s, 1.29×), at
+Wan's head dim 128 1.04×. Relative L2 vs fp32 on random inputs: e4m3 QKᵀ 5.3 %, 16 % with 5 K channels
+×20; int8 + rotation 3.8 % / 4.0 % (but 0.96× cuDNN: Triton 3.6 issues int8 wgmma synchronously); cuDNN
+0.2 %. The floor is the e4m3 PV: an e4m3 element carries up to ±6 % relative rounding error, which a
+weighted mean of zero-mean random V does not average away (2.7 % from V alone, CPU emulation).
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ from ._common import absbits, cast_out, cdiv, check_launchable, hadamard_blockdi
 LOG2E = 1.4426950408889634
 assert F.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _attn_block
 
-#: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages); tuned on the H200 by
-#: ``benchmarks/attention.py`` (``--sweep``)
-CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 8, 3), 128: (128, 128, 8, 2)}
-#: TMA descriptor loads for K/V per head dim (see the module docstring), tuned like CONFIGS
-TMA = {32: False, 64: False, 128: False}
+#: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages), the fastest of
+#: ``benchmarks/attention.py --sweep`` on the H200 (benchmarks/results/attention_h200*.md); 32 is untuned
+CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 4, 3), 128: (128, 128, 8, 2)}
+#: TMA descriptor loads for K/V per head dim (module docstring), from the same sweep: at D = 64 TMA and
+#: pointer loads are within 3 % of each other (533 vs 520 TFLOP/s), at D = 128 pointer loads win (616 vs 530)
+TMA = {32: False, 64: True, 128: False}
 
 
 @dataclass
@@ -130,14 +132,19 @@ def _amax_to_scale(amax, QMAX: tl.constexpr):
 
 @triton.jit
 def _rotate(x, D: tl.constexpr, INTERP: tl.constexpr):
-    """fp32 ``x [R, D]`` times the ±1 Sylvester-Hadamard matrix: fp32 products on the tensor cores as
-    three tf32 MMAs on CUDA (an fp32 FMA loop took 12.8 ms for the Wan K/V pass), exact fp32 in the
-    interpreter."""
-    h = hadamard_blockdiag(D, D, tl.float32)
+    """fp32 ``x [R, D]`` times the ±1 Sylvester-Hadamard matrix with exact products and fp32 sums. On
+    CUDA ``x`` is split into three bf16 parts that add up to it exactly (8 + 8 + 8 significant bits) and
+    each goes through a bf16 MMA with the (exact) ±1 matrix: an fp32 FMA loop took 12.8 ms for the Wan
+    K/V pass, ``tf32x3`` needed 256 KB of shared memory at D = 128."""
     if INTERP:
-        return tl.dot(x, h, input_precision="ieee")
+        return tl.dot(x, hadamard_blockdiag(D, D, tl.float32), input_precision="ieee")
     else:
-        return tl.dot(x, h, input_precision="tf32x3")
+        h = hadamard_blockdiag(D, D, tl.bfloat16)
+        hi = x.to(tl.bfloat16)
+        r = x - hi.to(tl.float32)
+        mid = r.to(tl.bfloat16)
+        lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+        return tl.dot(lo, h, tl.dot(mid, h, tl.dot(hi, h)))
 
 
 @triton.jit
