@@ -310,7 +310,8 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     bm, bn, warps, stages = config or CONFIGS[D]
     if bn != kv.block_n:
         raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
-    tma = TMA.get(D, False) if tma is None else tma
+    if tma is None:  # TMA descriptors need sm_90+ (the kernel itself runs from sm_89)
+        tma = TMA.get(D, False) and (interp or torch.cuda.get_device_capability(q.device) >= (9, 0))
     if interp:
         bm = min(bm, 32)
     if out is None:

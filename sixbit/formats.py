@@ -441,7 +441,7 @@ def reference_linear(
 #   p = exp2(S·cks + (8 − m')) — P·2⁸ —, l = l·α + Σ p (before rounding), O = O·α + e4m3(p)·V8ⱼ.
 # * out = O / l · v_scale (per channel).
 #
-# Kernel vs reference: the quantization pass is bit-exact without rotation (rotation: sums of 64 terms
+# Kernel vs reference: the quantization pass is bit-exact without rotation (rotation: sums of D terms
 # in another order, rare one-step code flips); the attention agrees to fp32 rounding of its sums (a P8
 # code can flip where exp2 lands on a rounding tie).
 

@@ -46,8 +46,10 @@ def _run(q, k, v, **kw):
     return out.float().cpu(), ref
 
 
-def _close(out, ref, rtol=2e-2):
-    """Output-rounding agreement (bf16 output), ignoring nothing: NaN must match NaN."""
+def _close(out, ref, rtol=1e-2 if DEV == "cpu" else 2e-2):
+    """Agreement up to the bf16 output rounding and the odd P8 code that flips on a rounding tie (the
+    kernel's fp32 sums run in another order; on the GPU also ex2.approx and the fp8 MMA's accumulation):
+    measured ≤ 0.3 % of the output's max in the interpreter. NaN must match NaN."""
     assert torch.equal(torch.isnan(out), torch.isnan(ref))
     fin = ~torch.isnan(ref)
     err = (out[fin] - ref[fin]).abs()
