@@ -13,7 +13,8 @@ Importing this package does not import triton; ``sixbit_kernels.ops`` does. See 
 
 import importlib as _importlib
 
-_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "blackwell")
+_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "blackwell",
+               "attention_fp8")
 _SUBMODULES += ("targets", "selfcheck", "aot")  # dispatch by capability, load-time self-check, AOT compiles
 
 

@@ -14,6 +14,15 @@ whose processor is exactly ``CogVideoXAttnProcessor2_0``, and keeps that process
 does not cover — CPU tensors, an attention mask, no q/k LayerNorm, an unexpected rotary layout — runs the
 original processor unchanged, so CPU outputs are bit-identical to diffusers'. ``handle.remove()`` puts
 the original processors back.
+
+The attention route (``attention_route``, one of :data:`ATTENTION_ROUTES`): ``"bf16"`` (default) is
+PyTorch SDPA in the model dtype, as diffusers runs it; ``"fp8"`` is sixbit's 8-bit attention
+(``kernels/attention_fp8.py``, docs/ATTENTION.md) — set per processor, so a policy can choose it per
+block and per step by assigning ``processor.attention_route`` before the block runs (what the linears'
+``route`` attribute is to DMPQ). Where the 8-bit kernel cannot run (CPU without ``allow_cpu``, a GPU below
+sm_89, an unsupported head dim, an attention mask) the call falls back to SDPA; ``last_attention_route``
+records what actually ran, for the trace. The 8-bit route writes its output straight into the
+``[B, S, H·D]`` layout ``to_out`` reads, so the transpose copy after SDPA disappears too.
 """
 
 from __future__ import annotations
@@ -22,7 +31,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FusedQKNormRopeProcessor", "install", "uninstall"]
+__all__ = ["ATTENTION_ROUTES", "FusedQKNormRopeProcessor", "attend", "fp8_supported", "install", "set_attention_route",
+           "uninstall"]
+
+#: "bf16": SDPA in the model dtype (diffusers' own); "fp8": the 8-bit attention kernel
+ATTENTION_ROUTES = ("bf16", "fp8")
+
+
+def _fp8_module():
+    from sixbit._kernels import kernels
+
+    return kernels.attention_fp8
+
+
+def fp8_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, allow_cpu: bool = False) -> bool:
+    """Whether the 8-bit attention runs for these ``[B, H, S, D]`` tensors on their device: CUDA with
+    compute capability ≥ 8.9 (e4m3 tensor cores; measured on sm_90) or, with ``allow_cpu``, the CPU
+    interpreter; and a shape the kernel takes."""
+    if q.is_cuda:
+        if torch.cuda.get_device_capability(q.device) < (8, 9):
+            return False
+    elif not allow_cpu:
+        return False
+    return _fp8_module().supported(q, k, v)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: str, *, allow_cpu: bool = False) -> tuple[torch.Tensor, str]:
+    """Joint attention of ``[B, H, S, D]`` q/k/v on ``route``; returns (``[B, S, H·D]`` output, the route that
+    ran). ``"fp8"`` falls back to ``"bf16"`` where :func:`fp8_supported` says no."""
+    if route not in ATTENTION_ROUTES:
+        raise ValueError(f"attention_route must be one of {ATTENTION_ROUTES}, got {route!r}")
+    B, H, S, D = q.shape
+    if route == "fp8" and fp8_supported(q, k, v, allow_cpu=allow_cpu):
+        buf = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
+        _fp8_module().fp8_attention(q, k, v, out=buf.transpose(1, 2))
+        return buf.view(B, S, H * D), "fp8"
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
+    return out.transpose(1, 2).reshape(B, S, H * D), "bf16"
 
 
 def _cogvideox_processor_type():
@@ -37,14 +82,21 @@ class FusedQKNormRopeProcessor:
     """``CogVideoXAttnProcessor2_0`` with q/k LayerNorm + rotary embedding fused (see the module docstring).
 
     ``original``: the processor it replaces (called for everything the fast path does not cover).
-    ``kernels``: the ``sixbit_kernels.ops`` module. ``allow_cpu``: also take the fast path on CPU tensors
-    (only meaningful under ``TRITON_INTERPRET=1``; the tests use it)."""
+    ``kernels``: the ``sixbit_kernels.ops`` module. ``allow_cpu``: also take the fast path (and the 8-bit
+    attention) on CPU tensors (only meaningful under ``TRITON_INTERPRET=1``; the tests use it).
+    ``attention_route``: see the module docstring; ``last_attention_route`` is what the last call ran
+    (``None`` before the first call or when the original processor ran)."""
 
-    def __init__(self, original, kernels, backend: str = "auto", *, allow_cpu: bool = False):
+    def __init__(self, original, kernels, backend: str = "auto", *, allow_cpu: bool = False,
+                 attention_route: str = "bf16"):
+        if attention_route not in ATTENTION_ROUTES:
+            raise ValueError(f"attention_route must be one of {ATTENTION_ROUTES}, got {attention_route!r}")
         self.original = original
         self.kernels = kernels
         self.backend = backend
         self.allow_cpu = allow_cpu
+        self.attention_route = attention_route
+        self.last_attention_route: str | None = None
 
     def _fast(self, attn, x: torch.Tensor, attention_mask, rope) -> bool:
         if self.backend == "torch" or attention_mask is not None:
@@ -71,6 +123,7 @@ class FusedQKNormRopeProcessor:
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                  attention_mask: torch.Tensor | None = None,
                  image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        self.last_attention_route = None
         if not self._fast(attn, hidden_states, attention_mask, image_rotary_emb):
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask=attention_mask,
                                  image_rotary_emb=image_rotary_emb)
@@ -86,20 +139,30 @@ class FusedQKNormRopeProcessor:
                              f"{seq - text_len} video tokens × head_dim {head_dim}")
         query = query.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
         key = key.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
-        value = value.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
         query = self._norm_rope(query, attn.norm_q, image_rotary_emb, text_len)
         key = self._norm_rope(key, attn.norm_k, None if attn.is_cross_attention else image_rotary_emb, text_len)
-        out = F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, is_causal=False)
-        out = out.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)
+        value = value.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+        route = self.attention_route
+        if route == "fp8" and self.backend == "torch":
+            route = "bf16"
+        out, self.last_attention_route = attend(query, key, value, route, allow_cpu=self.allow_cpu)
         out = attn.to_out[1](attn.to_out[0](out))
         encoder_hidden_states, hidden_states = out.split([text_len, out.size(1) - text_len], dim=1)
         return hidden_states, encoder_hidden_states
 
 
-def install(blocks, kernels, backend: str = "auto") -> list[tuple[nn.Module, object]]:
+def set_attention_route(installed: list[tuple[nn.Module, object]], route: str) -> None:
+    """Set ``attention_route`` on every processor :func:`install` put in (``route`` in ATTENTION_ROUTES)."""
+    if route not in ATTENTION_ROUTES:
+        raise ValueError(f"attention_route must be one of {ATTENTION_ROUTES}, got {route!r}")
+    for m, _ in installed:
+        m.processor.attention_route = route
+
+
+def install(blocks, kernels, backend: str = "auto", attention_route: str = "bf16") -> list[tuple[nn.Module, object]]:
     """Give every attention of ``blocks`` (``[(name, block)]``) that runs exactly diffusers'
-    ``CogVideoXAttnProcessor2_0`` a :class:`FusedQKNormRopeProcessor`; returns ``[(attention, original)]``
-    for :func:`uninstall`."""
+    ``CogVideoXAttnProcessor2_0`` a :class:`FusedQKNormRopeProcessor` (with ``attention_route``); returns
+    ``[(attention, original)]`` for :func:`uninstall`."""
     cls = _cogvideox_processor_type()
     done = []
     if cls is None:
@@ -108,7 +171,7 @@ def install(blocks, kernels, backend: str = "auto") -> list[tuple[nn.Module, obj
         for m in block.modules():
             proc = getattr(m, "processor", None)
             if type(proc) is cls and hasattr(m, "set_processor"):
-                m.set_processor(FusedQKNormRopeProcessor(proc, kernels, backend))
+                m.set_processor(FusedQKNormRopeProcessor(proc, kernels, backend, attention_route=attention_route))
                 done.append((m, proc))
     return done
 

@@ -416,3 +416,137 @@ def reference_linear(
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+# ================================================================================================
+# 8-bit attention (kernels/attention_fp8.py): the exact quantized numerics
+# ================================================================================================
+#
+# softmax(Q Kᵀ · sm_scale) V with both products on 8-bit operands, per (batch, head):
+#
+# * Statistics (attention_kv_stats): μ = mean of K over tokens (fp32; 0 without smoothing) and the
+#   per-channel amax of V. A head whose μ or V amax is non-finite gets NaN V amaxes (whole head NaN).
+# * K: K − μ (softmax is invariant to a vector added to every key), optionally rotated by the ±1
+#   Sylvester-Hadamard matrix R (``rotate``), zero-padded to a multiple of ``block_n`` tokens; one scale
+#   per block of ``block_n`` tokens: scale = amax/QMAX, codes = cast(x · (QMAX/amax)) (IEEE division;
+#   amax 0 → scale 1; a non-finite amax → NaN scale). QMAX = 448 with cast = e4m3 RNE saturating
+#   (``qk="fp8"``) or 127 with cast = round-half-even (``qk="int8"``).
+# * Q: the same per token (row), rotated by R when ``rotate``; c = q_scale · (sm_scale·log2 e / (D if
+#   rotate else 1)) per row, the constant rounded to fp32 first.
+# * V: per channel, scale = amax/448, codes = e4m3(v · (448/amax)).
+# * Online softmax over the key blocks j (keys ≥ kv_len masked to −inf), fp32 throughout:
+#   S = Q8·K8ⱼᵀ, cks = c·k_scaleⱼ, m' = max(m, rowmax(S)·cks), α = exp2(m − m'),
+#   p = exp2(S·cks + (8 − m')) — P·2⁸ —, l = l·α + Σ p (before rounding), O = O·α + e4m3(p)·V8ⱼ.
+# * out = O / l · v_scale (per channel).
+#
+# Kernel vs reference: the quantization pass is bit-exact without rotation (rotation: sums of D terms
+# in another order, rare one-step code flips); the attention agrees to fp32 rounding of its sums (a P8
+# code can flip where exp2 lands on a rounding tie).
+
+#: P in [0, 1] is stored as e4m3(p · ATTN_P_SCALE) (the kernel adds log2 of it to the exponent)
+ATTN_P_LOG2 = 8
+ATTN_P_SCALE = 2.0**ATTN_P_LOG2
+ATTN_QK_FORMATS = ("fp8", "int8")
+_ATTN_QMAX = {"fp8": E4M3_MAX, "int8": float(INT8_MAX)}
+_LOG2E = 1.4426950408889634
+
+
+def attention_rotation(d: int, device=None) -> torch.Tensor:
+    """The ±1 Sylvester-Hadamard matrix of size ``d`` (``R Rᵀ = d·I``) that ``rotate`` applies to Q and K."""
+    return torch.round(hadamard_matrix(d, torch.float64) * math.sqrt(d)).to(torch.float32).to(device)
+
+
+def attention_kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K mean over tokens ``[B, H, D]`` fp32 — zeros without ``smooth`` —, V channel amax ``[B, H, D]``
+    fp32, NaN for every channel of a head with a non-finite value in K's mean or V). No host sync."""
+    vamax = v.abs().amax(dim=2).float()
+    if smooth:
+        mean = torch.mean(k, dim=2, dtype=torch.float32)
+        bad = ~(torch.isfinite(mean).all(-1, keepdim=True) & torch.isfinite(vamax).all(-1, keepdim=True))
+    else:
+        mean = torch.zeros(vamax.shape, dtype=torch.float32, device=k.device)
+        bad = ~torch.isfinite(vamax).all(-1, keepdim=True)
+    return mean.contiguous(), torch.where(bad, torch.full_like(vamax, float("nan")), vamax).contiguous()
+
+
+def attention_scale(amax: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(QMAX/amax, amax/QMAX) as IEEE fp32 divisions of two tensors (PyTorch computes ``c / x`` as
+    ``c · (1/x)`` and, on CUDA, ``x / c`` as ``x · (1/c)``); amax 0 → 1; non-finite → (0, NaN)."""
+    qmax = torch.full_like(amax, _ATTN_QMAX[fmt])
+    safe = torch.where(amax == 0, qmax, amax)
+    finite = torch.isfinite(amax)
+    return (torch.where(finite, qmax / safe, torch.zeros_like(safe)),
+            torch.where(finite, safe / qmax, torch.full_like(safe, float("nan"))))
+
+
+def _attn_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Values on the 8-bit grid, as fp32 (NaN stays NaN)."""
+    if fmt == "int8":
+        return torch.round(x).clamp(-INT8_MAX, INT8_MAX)
+    return x.to(torch.float8_e4m3fn).float()
+
+
+def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128, qk: str = "fp8",
+                          rotate: bool = False, smooth: bool = True) -> dict:
+    """The K/V quantization: ``k`` codes ``[B, H, S_pad, D]`` (as fp32 values), ``k_scale`` ``[B, H, S_pad /
+    block_n]``, ``v`` codes ``[B, H, S_pad, D]`` (fp32 values of the e4m3 codes), ``v_scale`` ``[B, H, D]``."""
+    if qk not in ATTN_QK_FORMATS:
+        raise ValueError(f"qk must be one of {ATTN_QK_FORMATS}, got {qk!r}")
+    B, H, S, D = k.shape
+    mean, vamax = attention_kv_stats(k, v, smooth=smooth)
+    kc = k.float() - mean[:, :, None, :]
+    if rotate:
+        kc = kc @ attention_rotation(D, k.device)
+    pad = (-S) % block_n if S else block_n
+    kc = torch.nn.functional.pad(kc, (0, 0, 0, pad)).view(B, H, -1, block_n, D)
+    kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)
+    k8 = _attn_cast(kc * kinv[..., None, None], qk).view(B, H, -1, D)
+    vinv, vscale = attention_scale(vamax, "fp8")
+    v8 = _attn_cast(torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :], "fp8")
+    return {"k": k8, "k_scale": kscale, "v": v8, "v_scale": vscale}
+
+
+def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128,
+                            qk: str = "fp8", rotate: bool = False, smooth: bool = True,
+                            sm_scale: float | None = None, kv_len: torch.Tensor | None = None) -> torch.Tensor:
+    """What ``kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
+    ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch."""
+    B, H, S_q, D = q.shape
+    kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
+    qf = q.float() @ attention_rotation(D, q.device) if rotate else q.float()
+    qinv, qscale = attention_scale(qf.abs().amax(dim=-1), qk)
+    q8 = _attn_cast(qf * qinv[..., None], qk)
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
+    n_kv = torch.full((B,), k.shape[2]) if kv_len is None else kv_len.cpu().clamp(max=k.shape[2])
+    acc = torch.zeros(B, H, S_q, D, device=q.device)
+    m = torch.full((B, H, S_q), float("-inf"), device=q.device)
+    lsum = torch.zeros(B, H, S_q, device=q.device)
+    for j in range(0, int(n_kv.max()), block_n):
+        s = q8 @ kv["k"][:, :, j:j + block_n].transpose(-1, -2)
+        valid = (j + torch.arange(block_n)[None, :] < n_kv[:, None]).to(q.device)  # [B, block_n]
+        s = torch.where(valid[:, None, None, :], s, float("-inf"))
+        cks = c * kv["k_scale"][:, :, j // block_n, None]
+        m_new = torch.maximum(m, s.amax(dim=-1) * cks)
+        m_new = torch.where(valid.any(-1)[:, None, None], m_new, m)  # batches already past their keys
+        alpha = torch.exp2(m - m_new)
+        p = torch.exp2(s * cks[..., None] + (ATTN_P_LOG2 - m_new)[..., None])
+        p = torch.where(valid[:, None, None, :], p, 0.0)
+        done = ~valid.any(-1)[:, None, None]
+        lsum = torch.where(done, lsum, lsum * alpha + p.sum(-1))
+        p8 = _attn_cast(p, "fp8")
+        acc = torch.where(done[..., None], acc, acc * alpha[..., None] + p8 @ kv["v"][:, :, j:j + block_n])
+        m = m_new
+    return acc / lsum[..., None] * kv["v_scale"][:, :, None, :]
+
+
+__all__ += [
+    "ATTN_P_LOG2",
+    "ATTN_P_SCALE",
+    "ATTN_QK_FORMATS",
+    "attention_rotation",
+    "attention_scale",
+    "attention_kv_stats",
+    "attention_quantize_kv",
+    "attention_fp8_reference",
+]

@@ -81,3 +81,88 @@ def test_mismatched_rotary_tables_are_a_clear_error():
     attn.set_processor(FusedQKNormRopeProcessor(attn.processor, sk.ops, allow_cpu=True))
     with pytest.raises(ValueError, match="rotary tables"):
         attn(hs, encoder_hidden_states=enc, image_rotary_emb=(rope[0][:-1], rope[1][:-1]))
+
+
+def _fp8_ready_attn(dim_head=32):
+    attn = _attn(dim_head=dim_head)
+    hs, enc, rope = _inputs(text=5, video=27, dim=2 * dim_head, head_dim=dim_head)
+    return attn, hs, enc, rope
+
+
+def test_fp8_route_matches_the_spec_and_sdpa():
+    """``attention_route="fp8"``: the 8-bit kernel (interpreter on CPU) replaces SDPA; the output equals the
+    same processor with SDPA to within the 8-bit error, and the kernel saw the normalized q/k."""
+    from sixbit.attention import ATTENTION_ROUTES, attend
+
+    attn, hs, enc, rope = _fp8_ready_attn()
+    orig = attn.processor
+    attn.set_processor(FusedQKNormRopeProcessor(orig, sk.ops, allow_cpu=True))
+    with torch.no_grad():
+        ref = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+    assert attn.processor.last_attention_route == "bf16"
+    attn.processor.attention_route = "fp8"
+    with torch.no_grad():
+        out = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+    assert attn.processor.last_attention_route == "fp8"
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape
+        assert 0 < float((o - r).norm() / r.norm()) < 0.1
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 19, 32, generator=g).to(DEV) for _ in range(3))
+    o, ran = attend(q, k, v, "fp8", allow_cpu=True)
+    from sixbit import formats as F
+    exp = F.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=sk.attention_fp8.CONFIGS[32][1])
+    exp = exp.transpose(1, 2).reshape(2, 19, 64)
+    tol = 1e-5 if DEV == "cpu" else 2e-2 * float(exp.abs().max())  # GPU: fp8 MMA sums, P8 rounding flips
+    torch.testing.assert_close(o.cpu(), exp, rtol=0, atol=tol)
+    assert ran == "fp8" and ATTENTION_ROUTES == ("bf16", "fp8")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback (on a GPU the kernel runs)")
+def test_fp8_route_falls_back_to_sdpa():
+    """No interpreter permission (CPU), an unsupported head dim, or backend="torch": SDPA runs."""
+    from sixbit.attention import attend, set_attention_route
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 9, 32, generator=g) for _ in range(3))
+    out, ran = attend(q, k, v, "fp8")
+    assert ran == "bf16"
+    exp = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, 9, 64)
+    assert torch.equal(out, exp)
+    assert attend(q[..., :16], k[..., :16], v[..., :16], "fp8", allow_cpu=True)[1] == "bf16"
+    with pytest.raises(ValueError, match="attention_route"):
+        attend(q, k, v, "int4")
+    attn, hs, enc, rope = _fp8_ready_attn()
+    proc = FusedQKNormRopeProcessor(attn.processor, sk.ops, backend="torch", allow_cpu=True, attention_route="fp8")
+    attn.set_processor(proc)
+    attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+    assert proc.last_attention_route is None  # backend="torch": the original processor ran
+    installed = [(attn, proc)]
+    set_attention_route(installed, "bf16")
+    assert proc.attention_route == "bf16"
+    with pytest.raises(ValueError, match="attention_route"):
+        set_attention_route(installed, "fp4")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_fp8_route_in_a_tiny_pipeline():
+    """A whole (tiny, random-weight) CogVideoX generation with every joint attention on the 8-bit route."""
+    from sixbit import attention
+    from sixbit.testing import generate, tiny_cogvideox_pipeline
+
+    pipe = tiny_cogvideox_pipeline(seed=0, num_layers=2, head_dim=32).to(DEV)
+    ref = generate(pipe, num_inference_steps=2)
+    blocks = list(enumerate(pipe.transformer.transformer_blocks))
+    installed = attention.install(blocks, sk.ops, attention_route="fp8")
+    assert len(installed) == 2
+    for m, _ in installed:
+        m.processor.allow_cpu = True
+    out = generate(pipe, num_inference_steps=2)
+    assert all(m.processor.last_attention_route == "fp8" for m, _ in installed)
+    assert bool(torch.isfinite(out).all())
+    assert 0 < float((out - ref).norm() / ref.norm()) < 0.1
+    attention.set_attention_route(installed, "bf16")
+    bf16 = generate(pipe, num_inference_steps=2)
+    assert all(m.processor.last_attention_route == "bf16" for m, _ in installed)
+    assert float((bf16 - ref).norm() / ref.norm()) < 1e-4  # the fused q/k norm alone: fp32 rounding
+    attention.uninstall(installed)

@@ -1,0 +1,373 @@
+"""8-bit attention forward for Hopper: QKᵀ and PV on the 8-bit tensor cores, online softmax in fp32.
+
+The numerics are ``sixbit.formats``' "8-bit attention" section (``attention_fp8_reference``); this module
+is its fast form. Two launches per call:
+
+1. ``quantize_kv`` — the K/V pass. The per-(batch, head) statistics come first (``formats.
+   attention_kv_stats``: the K mean over tokens and the per-channel V amax, two torch reductions that
+   read K and V once); then one Triton kernel reads the strided ``[B, H, S, D]`` K and V views once and
+   writes, per ``block_n`` tokens, the smoothed (``k − mean``; softmax is invariant to a vector added to
+   every key), optionally Hadamard-rotated K as 8-bit codes with one fp32 scale per block, and V as e4m3
+   with one scale per channel, **transposed** (``[BH, D, S_pad]``: an 8-bit wgmma needs both operands
+   K-major, and PV reduces over tokens). Both are padded with zeros to a multiple of ``block_n``.
+2. ``attention_fp8`` — the attention. Each program takes ``BLOCK_M`` query rows of one head, quantizes
+   them in its prologue (per-token scale; Q is read once, so quantizing it inside the kernel costs no
+   extra pass), then walks the K/V blocks: ``S = Q8·K8ᵀ`` (fp32 accumulators), row max, ``t = S·c − m +
+   8`` with ``c = q_scale·k_scale·sm_scale·log2 e`` (one FMA), ``p = exp2(t)`` — P in [0, 1] times the
+   fixed scale 2⁸, put into the exponent for free —, row sum of p, ``O = O·α + e4m3(p)·V8``. The epilogue
+   multiplies by the V channel scales, divides by the row sum and stores in the caller's layout (a
+   ``[B, S, H, D]`` buffer viewed as ``[B, H, S, D]`` makes the processor's transpose free).
+
+Formats. ``qk="fp8"`` puts Q and K in e4m3 (scale amax/448), ``qk="int8"`` in int8 (scale amax/127,
+int32 accumulators). ``rotate=True`` multiplies Q and K by the same ±1 Sylvester-Hadamard matrix (QKᵀ is
+unchanged up to the factor D, folded into ``c``): it spreads outlier channels over all channels, which
+INT8's uniform grid needs and e4m3's relative grid does not. PV is always e4m3 × e4m3.
+
+Speed option (not the spec): ``tma`` reads the K/V tiles through TMA tensor descriptors instead of
+pointer loads. Tried and dropped (slower on the H200, ``benchmarks/results/attention_h200_first.md``):
+``exp2`` as ``ex2.approx.f16x2`` (two results per MUFU op, but the fp32 → f16 conversions cost more:
+434 vs 477 TFLOP/s at the 2B shape) and the row sum from a ``P8 · ones`` MMA (344). The row sum is taken
+over the fp32 ``p`` before rounding (one add per element instead of two conversions and an add).
+
+Lengths. Query rows past ``S_q`` are masked on load/store. Keys: ``kv_len`` (int32 per batch, ≤ S_kv;
+default S_kv) ends each batch's keys; full key blocks run unmasked, the one partial block runs masked
+(keys ≥ kv_len get −inf). A key-padding mask is exactly this. ``kv_len`` = 0 gives NaN (0/0).
+
+Non-finite input (tested): a NaN/Inf in a Q row makes that output row NaN; a NaN/Inf anywhere in K or V
+of a (batch, head) makes that head's whole output NaN (the statistics flag the head and its V scales
+become NaN). Never finite garbage.
+
+Measured on the H200 (``benchmarks/results/attention_h200.md``, docs/ATTENTION.md): at the CogVideoX
+2B / 5B shapes the whole call is 1.22× / 1.24× cuDNN bf16 SDPA (kernel alone 537–539 TFLOP/s, 1.29×), at
+Wan's head dim 128 1.04×. Relative L2 vs fp32 on random inputs: e4m3 QKᵀ 5.3 %, 16 % with 5 K channels
+×20; int8 + rotation 3.8 % / 4.0 % (but 0.96× cuDNN: Triton 3.6 issues int8 wgmma synchronously); cuDNN
+0.2 %. The floor is the e4m3 PV: an e4m3 element carries up to ±6 % relative rounding error, which a
+weighted mean of zero-mean random V does not average away (2.7 % from V alone, CPU emulation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from sixbit import formats as F
+
+from ._common import absbits, cast_out, cdiv, check_launchable, hadamard_blockdiag, rne_int
+
+LOG2E = 1.4426950408889634
+assert F.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _attn_block
+
+#: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages), the fastest of
+#: ``benchmarks/attention.py --sweep`` on the H200 (benchmarks/results/attention_h200*.md); 32 is untuned
+CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 4, 3), 128: (128, 128, 8, 2)}
+#: TMA descriptor loads for K/V per head dim (module docstring), from the same sweep: at D = 64 TMA and
+#: pointer loads are within 3 % of each other (533 vs 520 TFLOP/s), at D = 128 pointer loads win (616 vs 530)
+TMA = {32: False, 64: True, 128: False}
+
+
+@dataclass
+class KV8:
+    """Quantized K/V of one attention call (``quantize_kv``'s output, ``attention_fp8``'s input).
+
+    ``k`` ``[BH, S_pad, D]`` e4m3 or int8 codes of the smoothed (rotated) K; ``k_scale`` ``[BH, S_pad /
+    block_n]`` fp32; ``v`` ``[BH, D, S_pad]`` e4m3 (transposed); ``v_scale`` ``[BH, D]`` fp32 (NaN for a
+    head with non-finite K or V)."""
+
+    k: torch.Tensor
+    k_scale: torch.Tensor
+    v: torch.Tensor
+    v_scale: torch.Tensor
+    batch: int
+    heads: int
+    seq_len: int
+    block_n: int
+    qk: str
+    rotate: bool
+
+
+# ------------------------------------------------------------------------------------ jit helpers
+
+
+@triton.jit
+def _e4m3(v, INTERP: tl.constexpr):
+    """fp32 → float8e4nv, round to nearest even, saturating at ±448. The interpreter's own conversion is
+    not RNE, so there the value is first rounded onto the e4m3 grid by bit arithmetic (then exact)."""
+    if INTERP:
+        a = tl.abs(v)
+        bits = a.to(tl.int32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+        sub = (a + 24576.0) - 24576.0  # subnormals: steps of 2**-9 (ulp of 24576 = 1.5 * 2**14)
+        r = tl.minimum(tl.where(a < 0.015625, sub, normal), 448.0)
+        r = tl.where(v < 0, -r, r)
+        return tl.where(v != v, v, r).to(tl.float8e4nv)
+    else:
+        return v.to(tl.float8e4nv)
+
+
+@triton.jit
+def _codes(v, QK_INT8: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 values already scaled into [-QMAX, QMAX] → 8-bit codes (int8 RNE, or e4m3)."""
+    if QK_INT8:
+        r = rne_int(v)
+        return tl.where(r == r, r, 0.0).to(tl.int8)
+    else:
+        return _e4m3(v, INTERP)
+
+
+@triton.jit
+def _amax_to_scale(amax, QMAX: tl.constexpr):
+    """(inverse scale, scale) of an amax: QMAX/amax and amax/QMAX (IEEE), 1 for amax 0, NaN scale for a
+    non-finite amax."""
+    safe = tl.where(amax == 0, QMAX, amax)
+    qmax = tl.full(safe.shape, QMAX, tl.float32)
+    inv = tl.math.div_rn(qmax, safe)
+    scale = tl.math.div_rn(safe, qmax)
+    finite = amax < float("inf")  # False for NaN and +inf
+    return tl.where(finite, inv, 0.0), tl.where(finite, scale, float("nan"))
+
+
+@triton.jit
+def _rotate(x, D: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 ``x [R, D]`` times the ±1 Sylvester-Hadamard matrix with exact products and fp32 sums. On
+    CUDA ``x`` is split into three bf16 parts that add up to it exactly (8 + 8 + 8 significant bits) and
+    each goes through a bf16 MMA with the (exact) ±1 matrix: an fp32 FMA loop took 12.8 ms for the Wan
+    K/V pass, ``tf32x3`` needed 256 KB of shared memory at D = 128."""
+    if INTERP:
+        return tl.dot(x, hadamard_blockdiag(D, D, tl.float32), input_precision="ieee")
+    else:
+        h = hadamard_blockdiag(D, D, tl.bfloat16)
+        hi = x.to(tl.bfloat16)
+        r = x - hi.to(tl.float32)
+        mid = r.to(tl.bfloat16)
+        lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+        return tl.dot(lo, h, tl.dot(mid, h, tl.dot(hi, h)))
+
+
+@triton.jit
+def _dot8(a, b, acc, INTERP: tl.constexpr):
+    """8-bit MMA with fp32 accumulation (int8: int32 on the tensor cores, exact, then fp32)."""
+    if INTERP:  # the interpreter multiplies 8-bit float operands as raw bytes
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif a.dtype == tl.int8:
+        return acc + tl.dot(a, b, out_dtype=tl.int32).to(tl.float32)
+    else:
+        return tl.dot(a, b, acc)
+
+
+# ---------------------------------------------------------------------------------------- K/V pass
+
+
+@triton.jit
+def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, S, S_pad, H,
+                     skb, skh, sks, skd, svb, svh, svs, svd,
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, ROT: tl.constexpr,
+                     INTERP: tl.constexpr):
+    j = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    r = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    valid = (r < S)[:, None]
+    r64 = r.to(tl.int64)
+    k = tl.load(k_ptr + b * skb + h * skh + r64[:, None] * sks + d[None, :] * skd, mask=valid, other=0.0)
+    mean = tl.load(mean_ptr + bh * D + d)
+    kc = tl.where(valid, k.to(tl.float32) - mean[None, :], 0.0)
+    if ROT:
+        kc = _rotate(kc, D, INTERP)
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    amax = tl.max(tl.max(absbits(kc), axis=1), axis=0).to(tl.float32, bitcast=True)
+    inv, scale = _amax_to_scale(amax, QMAX)
+    out = bh.to(tl.int64) * S_pad * D + r64[:, None] * D + d[None, :]
+    tl.store(k8_ptr + out, _codes(kc * inv, QK_INT8, INTERP))
+    tl.store(ks_ptr + bh * (S_pad // BLOCK_N) + j, scale)
+    v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
+    vinv, _ = _amax_to_scale(tl.load(vamax_ptr + bh * D + d), 448.0)
+    v8 = _e4m3(v.to(tl.float32) * vinv[None, :], INTERP)
+    tl.store(v8_ptr + bh.to(tl.int64) * D * S_pad + d[None, :] * S_pad + r64[:, None], v8)
+
+
+def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None, qk: str = "fp8",
+                rotate: bool = False, smooth: bool = True) -> KV8:
+    """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides)."""
+    _check_qkv(k, k, v, qk)
+    B, H, S, D = k.shape
+    block_n = block_n or CONFIGS[D][1]
+    interp = check_launchable(k, v)
+    mean, vamax = F.attention_kv_stats(k, v, smooth=smooth)
+    S_pad = cdiv(max(S, 1), block_n) * block_n
+    dt8 = torch.int8 if qk == "int8" else torch.float8_e4m3fn
+    k8 = torch.empty(B * H, S_pad, D, dtype=dt8, device=k.device)
+    ks = torch.empty(B * H, S_pad // block_n, dtype=torch.float32, device=k.device)
+    v8 = torch.empty(B * H, D, S_pad, dtype=torch.float8_e4m3fn, device=k.device)
+    _kv_quant_kernel[(S_pad // block_n, B * H)](
+        k, v, mean, vamax, k8, ks, v8, S, S_pad, H, *k.stride(), *v.stride(),
+        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, INTERP=interp,
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return KV8(k8, ks, v8, _v_scale(vamax), B, H, S, block_n, qk, rotate)
+
+
+def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
+    """``[B, H, D]`` V amax → ``[BH, D]`` dequantization scales (``formats.attention_scale``)."""
+    return F.attention_scale(vamax, "fp8")[1].reshape(-1, vamax.shape[-1]).contiguous()
+
+
+# ------------------------------------------------------------------------------------- attention
+
+
+@triton.jit
+def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                TMA: tl.constexpr, INTERP: tl.constexpr):
+    start = tl.multiple_of(start, BLOCK_N)
+    n = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    if TMA:
+        kt = k_desc.load([bh * S_pad + start, 0]).T
+    else:
+        kt = tl.trans(tl.load(k8_base + n[:, None] * D + d[None, :]))  # [D, BLOCK_N], read as [BLOCK_N, D] rows
+    s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+    if MASK:
+        s = tl.where((n < n_kv)[None, :], s, float("-inf"))
+    cks = c * tl.load(ks_base + start // BLOCK_N)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1) * cks)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]))
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if TMA:
+        vt = v_desc.load([bh * D, start]).T
+    else:
+        vt = tl.trans(tl.load(v8_base + d[:, None] * S_pad + n[None, :]))  # [BLOCK_N, D], read as [D, BLOCK_N] rows
+    acc = _dot8(_e4m3(p, INTERP), vt, acc * alpha[:, None], INTERP)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, S_q, S_kv, S_pad, H,
+                     qk_const,
+                     sqb, sqh, sqs, sqd, sob, soh, sos, sod,
+                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
+                     ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, D)
+    rmask = (rows < S_q)[:, None]
+    rows64 = rows.to(tl.int64)
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows64[:, None] * sqs + d[None, :] * sqd, mask=rmask, other=0.0)
+    if ROT:
+        qf = _rotate(q.to(tl.float32), D, INTERP)
+    else:
+        qf = q.to(tl.float32)
+    QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
+    amax = tl.max(absbits(qf), axis=1).to(tl.float32, bitcast=True)
+    inv, qscale = _amax_to_scale(amax, QMAX)
+    q8 = _codes(qf * inv[:, None], QK_INT8, INTERP)
+    c = qscale * qk_const
+    n_kv = S_kv
+    if HAS_KVLEN:
+        n_kv = tl.minimum(tl.load(kvlen_ptr + b), S_kv)
+    k8_base = k8_ptr + bh.to(tl.int64) * S_pad * D
+    v8_base = v8_ptr + bh.to(tl.int64) * D * S_pad
+    ks_base = ks_ptr + bh * (S_pad // BLOCK_N)
+    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    full = (n_kv // BLOCK_N) * BLOCK_N
+    for start in range(0, full, BLOCK_N):
+        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start,
+                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, False, TMA, INTERP)
+    if full < n_kv:
+        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, full,
+                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, True, TMA, INTERP)
+    vs = tl.load(vs_ptr + bh * D + d)
+    out = acc / l_i[:, None] * vs[None, :]
+    o = cast_out(out, o_ptr.dtype.element_ty, INTERP)
+    tl.store(o_ptr + b * sob + h * soh + rows64[:, None] * sos + d[None, :] * sod, o, mask=rmask)
+
+
+def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
+                  out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
+                  tma: bool | None = None) -> torch.Tensor:
+    """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
+
+    Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
+    place). ``kv_len``: int32/int64 ``[B]`` keys per batch (key padding). ``config`` = (BLOCK_M, BLOCK_N,
+    num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
+    tensor descriptors instead of pointer loads (default :data:`TMA`)."""
+    B, H, S_q, D = q.shape
+    if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
+        raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
+                         f"(batch {kv.batch}, heads {kv.heads}, head dim {kv.k.shape[-1]})")
+    interp = check_launchable(q, kv.k)
+    bm, bn, warps, stages = config or CONFIGS[D]
+    if bn != kv.block_n:
+        raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
+    if tma is None:  # TMA descriptors need sm_90+ (the kernel itself runs from sm_89)
+        tma = TMA.get(D, False) and (interp or torch.cuda.get_device_capability(q.device) >= (9, 0))
+    if interp:
+        bm = min(bm, 32)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if kv_len is not None:
+        kv_len = kv_len.to(device=q.device, dtype=torch.int32).contiguous()
+        if kv_len.shape != (B,):
+            raise ValueError(f"attention_fp8: kv_len must have shape ({B},), got {tuple(kv_len.shape)}")
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    qk_const = sm_scale * LOG2E / (D if kv.rotate else 1)
+    S_pad = kv.k.shape[1]
+    k_desc = v_desc = kv.k
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc = TensorDescriptor.from_tensor(kv.k.view(-1, D), [bn, D])
+        v_desc = TensorDescriptor.from_tensor(kv.v.view(-1, S_pad), [D, bn])
+    _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
+        q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
+        S_q, kv.seq_len, S_pad, H, qk_const, *q.stride(), *out.stride(),
+        D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
+        TMA=tma, INTERP=interp,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+    )
+    return out
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
+                  smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
+                  out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
+                  tma: bool | None = None) -> torch.Tensor:
+    """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
+    Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
+    _check_qkv(q, k, v, qk)
+    block_n = (config or CONFIGS[q.shape[-1]])[1]
+    kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
+    return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma)
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`fp8_attention` takes these tensors: 4-d ``[B, H, S, D]`` with D in 32, 64, 128 (an
+    8-bit wgmma reduces over at least 32), matching batch/heads/head dim, K and V of one length, float dtypes."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return False
+    D = q.shape[-1]
+    return (D in CONFIGS and k.shape == v.shape and q.shape[:2] == k.shape[:2] and k.shape[-1] == D
+            and all(t.dtype in (torch.bfloat16, torch.float16, torch.float32) for t in (q, k, v)))
+
+
+def _check_qkv(q, k, v, qk):
+    if qk not in F.ATTN_QK_FORMATS:
+        raise ValueError(f"qk must be one of {F.ATTN_QK_FORMATS}, got {qk!r}")
+    if not supported(q, k, v):
+        raise ValueError(f"8-bit attention: unsupported q/k/v shapes {tuple(q.shape)} / {tuple(k.shape)} / "
+                         f"{tuple(v.shape)} or dtypes {q.dtype}/{k.dtype}/{v.dtype} (need [B, H, S, D], D in "
+                         f"{sorted(CONFIGS)})")
+
+
+__all__ = ["KV8", "CONFIGS", "TMA", "quantize_kv", "attention_fp8", "fp8_attention", "supported"]
