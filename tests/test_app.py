@@ -243,7 +243,7 @@ def test_stop_interrupts_at_next_step_and_leaves_nothing_behind(ctrl, prompt, ga
             assert "Stopped" in ctrl.stop(req("s1"))
             break
     out = final(gen)
-    assert "Stopped at step 1/4 of the baseline run" in out["status"]
+    assert "Stopped at step 1/4 of the baseline run. Nothing was kept" in out["status"]
     assert len(ctrl.baselines) == 0 and ctrl.jobs.running() == 0
 
     # Stop during the 6Bit run: no 6Bit video, the baseline (complete) stays cached
@@ -251,10 +251,11 @@ def test_stop_interrupts_at_next_step_and_leaves_nothing_behind(ctrl, prompt, ga
     gen = call(ctrl, session="s2", prompt=prompt, steps=4)
     for u in gen:
         if isinstance(u[IDX["status"]], str) and "6Bit · step 2/4" in u[IDX["status"]]:
-            ctrl.stop(req("s2"))
+            said = ctrl.stop(req("s2"))  # exactly what is kept, no stale ETA
+            assert "Kept: the baseline video" in said and "ETA" not in said and "Nothing" not in said, said
             break
     out = final(gen)
-    assert "Stopped at step 2/4 of the 6Bit run" in out["status"]
+    assert "Stopped at step 2/4 of the 6Bit run. Kept: the baseline video" in out["status"]
     assert out.get("sixbit_video") is None and len(ctrl.baselines) == 1
     assert "Nothing is running" in ctrl.stop(req("s2"))
     with app.GPU_LOCK:  # the job has released the pipeline

@@ -10,6 +10,7 @@ streams; the status element itself carries the step counter, a progress bar and 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gradio as gr
@@ -100,8 +101,14 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
                     generate_btn = gr.Button("Generate", variant="primary", elem_id="generate")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
                 if examples:
-                    gr.Examples([[p] for p in examples], inputs=[prompt], label="Example prompts",
-                                examples_per_page=8)
+                    # buttons, not gr.Examples: its text samples are cut at 60 characters. A click fills the
+                    # prompt in the browser (no server call, no API endpoint).
+                    with gr.Group(elem_id="examples"):
+                        gr.Markdown("Example prompts", elem_classes="sb-examples-title")
+                        for i, text in enumerate(examples[:8]):
+                            btn = gr.Button(text, size="sm", variant="secondary", elem_classes="sb-example",
+                                            elem_id=f"example-{i}")
+                            btn.click(None, None, [prompt], js=f"() => {json.dumps(text)}", api_visibility="private")
             with gr.Column(scale=7, elem_id="outputs"):
                 comps: dict[str, gr.components.Component] = {}
                 comps["status"] = gr.HTML(status_html("idle", f"Ready · model {info.display_name} on {info.device}"),
