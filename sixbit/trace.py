@@ -14,6 +14,11 @@
      "summary": {"avg_act_bits", "skip_fraction", "pdr_count", "time_s", "peak_mem_bytes",
                  "route_counts": {"nvfp4", "int8", "fp16", "skipped"}, ...}}
 
+A trace saved by the demo (trace.json) has one more key, ``"run"`` (:func:`run_record`, its own version
+:data:`RUN_VERSION`): what the run needs to be replayed — model id and revision, pipeline arguments, seed,
+the full SixBitConfig, the policy's fingerprint, device, compute path, thread count, package versions and
+the videos' digests (README, "Replaying a demo run").
+
 Conventions:
 
 * Non-finite numbers (a threshold set to infinity, Γ of an all-zero input) are written as null.

@@ -6,6 +6,11 @@ and css at ``launch`` (see `theme` and `CSS_PATH`), not at ``gr.Blocks``.
 The generate event shows Gradio's progress indicator on the status element only
 (``show_progress_on``), so the plots and videos stay visible and are redrawn in place while a run
 streams; the status element itself carries the step counter, a progress bar and the ETA.
+
+The generate event runs with ``preprocess=False``: the handlers receive what the browser or API client
+sent, and ui/validate.py and ui/config_form.py are the only checks (Gradio's would round a fraction
+silently and refuse a bound without naming the field). On a CPU host a note under the intro says that
+quantization is simulated there and where a GPU's speed would come from.
 """
 
 from __future__ import annotations
