@@ -23,29 +23,49 @@ the wrapper is a no-op.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
+import signal
 import socket
 import threading
 import time
 from pathlib import Path
 
-import gradio as gr
-import numpy as np
+# Third-party start-up noise that says nothing about this app (torchao's optional CUDA libraries on a CPU
+# host, a torch deprecation inside torchao, diffusers' note about torchao checkpoints): silenced before
+# those packages are imported. Real warnings of those packages at ERROR level still show.
+for _name in ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
-from ui.handlers import DemoController, ModelInfo
-from ui.layout import CSS_PATH, build_demo, theme
-from ui.state import BaselineCache, FileStore, JobRegistry
-from ui.validate import ModelLimits
+import gradio as gr  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ui.handlers import DemoController, ModelInfo  # noqa: E402
+from ui.layout import CSS_PATH, build_demo, theme  # noqa: E402
+from ui.state import BaselineCache, FileStore, JobRegistry  # noqa: E402
+from ui.validate import LOG, ModelLimits  # noqa: E402
 
 try:  # ZeroGPU (Hugging Face Spaces); `spaces.GPU` is itself a no-op off ZeroGPU.
-    import spaces
+    import spaces  # noqa: E402
 except ImportError:  # pragma: no cover - depends on the host
     spaces = None
 
 ROOT = Path(__file__).resolve().parent
 GPU_LOCK = threading.Lock()
 JOBS = JobRegistry()
+#: the largest file Gradio's upload route accepts: the app takes no uploads (docs/DEPLOY.md)
+MAX_UPLOAD = "1mb"
+
+
+def setup_logging() -> None:
+    """One line per event on stderr for the app's own logger ("sixbit.app": refused inputs, load failures)."""
+    if not LOG.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s sixbit.app %(levelname)s %(message)s"))
+        LOG.addHandler(handler)
+        LOG.setLevel(logging.INFO)
+        LOG.propagate = False
 
 
 def gpu(duration):
@@ -105,6 +125,7 @@ class ModelStore:
         self.default_id = default_id
         self.device = device
         self._pipes: dict[str, object] = {}
+        self._ids: dict[str, dict] = {}
         self._lock = threading.Lock()
 
     def pipeline(self, model_id: str):
@@ -114,6 +135,11 @@ class ModelStore:
 
                 for k in [k for k in self._pipes if k != self.default_id]:
                     del self._pipes[k]  # keep one extra model at most
+                from diffusers.utils import logging as diffusers_logging
+                from transformers.utils import logging as transformers_logging
+
+                diffusers_logging.disable_progress_bar()  # no progress bars in the server log
+                transformers_logging.disable_progress_bar()
                 pipe = load_pipeline(model_id, device=self.device, text_encoder_4bit=text_encoder_4bit())
                 if not type(pipe).__name__.startswith("CogVideoX"):
                     raise TypeError(f"{type(pipe).__name__} is not a CogVideoX pipeline")
@@ -137,11 +163,48 @@ class ModelStore:
 
         dtype = pipe.transformer.dtype
         bits = torch.finfo(dtype).bits if dtype.is_floating_point else 16
-        name = "sixbit-mini (embedded)" if _is_mini(model_id) else model_id
+        name = model_name(model_id)
         if getattr(pipe, "sixbit_text_encoder", None) is not None:
             name += " · text encoder in 4-bit weights (both runs)"
         return ModelInfo(model_id=model_id, display_name=name, limits=limits, dtype_bits=bits,
                          device=str(pipe.device))
+
+    def identity(self, model_id: str) -> dict:
+        """The model as a trace records it: a display id (never a path on the server) and its revision —
+        the Hub commit of a cached Hub model, else a SHA-256 over the folder's weights and configs."""
+        with self._lock:
+            if model_id not in self._ids:
+                self._ids[model_id] = {"id": model_name(model_id), "revision": model_revision(model_id),
+                                       "text_encoder_4bit": text_encoder_4bit()}
+            return dict(self._ids[model_id])
+
+
+def model_name(model_id: str) -> str:
+    """How the app names a model to users: the embedded model, a Hub id, or a local folder's name."""
+    if _is_mini(model_id):
+        return "sixbit-mini (embedded)"
+    return Path(model_id).name if os.path.isdir(model_id) else model_id
+
+
+def model_revision(model_id: str) -> str | None:
+    if os.path.isdir(model_id):
+        import hashlib
+
+        h = hashlib.sha256()
+        root = Path(model_id)
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".model", ".txt") \
+                    and f.parent.name != "logs":
+                h.update(f.relative_to(root).as_posix().encode())
+                h.update(f.read_bytes())
+        return "sha256:" + h.hexdigest()
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(model_id, "model_index.json")
+    except Exception:  # noqa: BLE001 - not a Hub id, no cache: no revision to state
+        return None
+    return Path(hit).parent.name if isinstance(hit, str) else None
 
 
 _STORE: ModelStore | None = None
@@ -164,6 +227,16 @@ class _Stopped(Exception):
     pass
 
 
+def pipeline_kwargs(gen_defaults: dict, params: dict) -> dict:
+    """What a run passes to the pipeline, less the generator (seeded from ``params["seed"]`` on the CPU),
+    the step callback and the output type: plain data, recorded in trace.json for a replay."""
+    kwargs = {k: v for k, v in gen_defaults.items() if k != "generator"}
+    kwargs.update(prompt=params["prompt"], negative_prompt=params["negative_prompt"] or None,
+                  num_inference_steps=params["steps"], num_frames=params["frames"], height=params["height"],
+                  width=params["width"], guidance_scale=params["guidance"], num_videos_per_prompt=1)
+    return kwargs
+
+
 def _run_pipeline(pipe, gen_defaults: dict, params: dict, phase: str, handle, emit, stop) -> dict:
     """One pipeline call with a per-step callback: streams the trace, honours the stop flag."""
     import torch
@@ -181,14 +254,9 @@ def _run_pipeline(pipe, gen_defaults: dict, params: dict, phase: str, handle, em
             raise _Stopped(i + 1)
         return {}
 
-    kwargs = dict(gen_defaults)
-    kwargs.pop("generator", None)
-    kwargs.update(
-        prompt=params["prompt"], negative_prompt=params["negative_prompt"] or None,
-        num_inference_steps=n, num_frames=params["frames"], height=params["height"], width=params["width"],
-        guidance_scale=params["guidance"], generator=torch.Generator("cpu").manual_seed(params["seed"]),
-        output_type="np", callback_on_step_end=on_step_end, num_videos_per_prompt=1,
-    )
+    kwargs = pipeline_kwargs(gen_defaults, params)
+    kwargs.update(generator=torch.Generator("cpu").manual_seed(params["seed"]), output_type="np",
+                  callback_on_step_end=on_step_end)
     cuda = pipe.device.type == "cuda"
     peak_hook = None
     if cuda:
@@ -263,6 +331,15 @@ def gpu_job(job_id: str, model_id: str, params: dict, preset: str, overrides: di
                 finally:
                     handle.remove()
                 res["setup_s"] = setup
+                import torch
+
+                from sixbit.trace import run_record
+
+                tr = res["trace"] or {}
+                res["run"] = run_record(model=models.identity(model_id), pipeline_kwargs=pipeline_kwargs(
+                    gen_defaults, params), seed=params["seed"], config=cfg, policy=handle.policy,
+                    device=tr.get("device", str(pipe.device)), compute_path=tr.get("compute_path", "unknown"),
+                    threads=torch.get_num_threads())
                 events.put(("done", res))
         except _Stopped as e:
             step = e.args[0] if e.args else 0
@@ -315,9 +392,11 @@ def create_app(model_id: str | None = None, *, allow_hub: bool | None = None, qu
     fps = 8.0  # CogVideoX's frame rate
     if _is_mini(model_id):
         from sixbit.mini import FPS as fps
+    setup_logging()
     controller = DemoController(default_model=model_id, model_info=models.info, job_fn=gpu_job,
                                 config_cls=SixBitConfig, allow_hub=allow_hub, jobs=JOBS,
-                                baselines=BaselineCache(8), files=FileStore(max_age_s=ttl), fps=float(fps))
+                                baselines=BaselineCache(8), files=FileStore(max_age_s=ttl), fps=float(fps),
+                                available_choices=host_choices())
     info = models.info(model_id)
     defaults = models.generation_defaults(model_id)
     demo = build_demo(controller, info, defaults, example_prompts(model_id), delete_cache=(int(ttl), int(ttl)))
@@ -326,14 +405,36 @@ def create_app(model_id: str | None = None, *, allow_hub: bool | None = None, qu
     return demo, controller
 
 
+def host_choices() -> dict:
+    """Config choices this host can run (the Advanced form offers only these): the Triton backend needs a
+    CUDA GPU (on a CPU only Triton's test interpreter runs them, far too slowly for a demo)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    return {"backend": (("auto", "torch"), "('triton' is not offered: its kernels need a CUDA GPU, and this "
+                                           "host has none.)")}
+
+
 def launch_kwargs() -> dict:
-    """What `launch` needs besides host/port: theme and css go here in Gradio 6, not in Blocks."""
-    return dict(theme=theme(), css_paths=[CSS_PATH], show_error=True, footer_links=["api"])
+    """What `launch` needs besides host/port: theme and css go here in Gradio 6, not in Blocks; uploads are
+    capped at `MAX_UPLOAD` (the app takes none, but Gradio's upload route exists on every app)."""
+    return dict(theme=theme(), css_paths=[CSS_PATH], show_error=True, footer_links=["api"],
+                max_file_size=MAX_UPLOAD)
+
+
+def _terminate(signum, frame):
+    raise SystemExit(0)  # unwinds `launch` in the main thread: the finally below and atexit handlers run
 
 
 def main():
-    demo, _ = create_app()
-    demo.launch(**launch_kwargs())
+    signal.signal(signal.SIGTERM, _terminate)  # docker stop, Spaces restarts: leave no temp files behind
+    demo, controller = create_app()
+    try:
+        demo.launch(**launch_kwargs())
+    finally:
+        demo.close()
+        controller.files.cleanup()
 
 
 if __name__ == "__main__":

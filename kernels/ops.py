@@ -438,7 +438,7 @@ def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma):
     count = spec.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
     xr = spec.block_hadamard(x2, hb) if hb else x2.float()
     if route == "nvfp4":
-        xq = spec.quantize_nvfp4(xr, check_finite=False).dequantize(torch.float32)
+        xq = spec.fake_quantize_nvfp4(xr, check_finite=False)
     elif route in ("int8", "w8a8"):
         xq = spec.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
     else:
@@ -446,12 +446,24 @@ def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma):
     return xq, count
 
 
+def _dense_weight(packed: PackedLinear, fmt: str) -> torch.Tensor:
+    """The fp32 dequantized weight the torch reference multiplies. On the CPU it is kept after the first
+    call (the simulated path trades memory for time: 4 bytes per weight beside the packed ones); elsewhere
+    it is rebuilt per call, so a GPU never holds a 32-bit copy."""
+    w = packed.weight(fmt)
+    if w.data.device.type != "cpu":
+        return w.dequantize(torch.float32)
+    cache = packed.__dict__.setdefault("_dense_cpu", {})
+    if fmt not in cache:
+        cache[fmt] = w.dequantize(torch.float32)
+    return cache[fmt]
+
+
 def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, cache=None, x=None):
     hb = packed.hadamard_block
     key = ("torch", "int8" if route == "w8a8" else route, hb, k_sigma)
     xq, count = _cached(cache, x, key, lambda: _act_torch(x2, route, hb, k_sigma))
-    w = packed.weight(WEIGHT_FORMAT[route])
-    y = xq @ w.dequantize(torch.float32).T
+    y = xq @ _dense_weight(packed, WEIGHT_FORMAT[route]).T
     if packed.bias is not None:
         y = y + packed.bias.float()
     return y.to(x2.dtype), count

@@ -90,6 +90,8 @@ __all__ = [
     "unpack_fp4",
     "nvfp4_tensor_scale",
     "quantize_nvfp4",
+    "fake_quantize_nvfp4",
+    "e2m1_round",
     "dequantize_nvfp4",
     "quantize_int8",
     "dequantize_int8",
@@ -146,6 +148,16 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
         mag += (a >= thr if tie_up else a > thr).to(torch.uint8)
     sign = torch.signbit(x).to(torch.uint8) << 3
     return mag | sign
+
+
+def e2m1_round(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values → the nearest E2M1 value as fp32: ``e2m1_decode(e2m1_encode(x))`` bit for bit (sign of
+    zero included) for every non-NaN input, in a few elementwise passes instead of codes and a table. The
+    grid step is 0.5 below 2, 1 below 4, 2 up to 6, so ``round(|x| / step) * step`` with round-half-even
+    lands on the even code at every tie."""
+    a = x.float().abs().clamp(max=F4_MAX)
+    step = (a >= 2).float() * 0.5 + (a >= 4).float() + 0.5
+    return torch.copysign(torch.round(a / step) * step, x.float())
 
 
 def e2m1_decode(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -215,11 +227,25 @@ def quantize_nvfp4(
 ) -> NVFP4Tensor:
     """Quantize ``x [..., K]`` (K divisible by 16) to NVFP4. ``tensor_scale`` defaults to
     :func:`nvfp4_tensor_scale` of ``x``. An all-zero tensor gets tensor scale 0 → see below."""
+    scaled, bs8, s = _nvfp4_scaled(x, tensor_scale, check_finite, "quantize_nvfp4")
+    return NVFP4Tensor(pack_fp4(e2m1_encode(scaled).reshape(x.shape)), bs8, s.clone(), x.dtype)
+
+
+def fake_quantize_nvfp4(x: torch.Tensor, tensor_scale: torch.Tensor | None = None, *,
+                        check_finite: bool = True) -> torch.Tensor:
+    """``quantize_nvfp4(x, tensor_scale).dequantize(torch.float32)``, bit for bit, without packing codes:
+    what the CPU reference path multiplies (simulated quantization)."""
+    scaled, bs8, s = _nvfp4_scaled(x, tensor_scale, check_finite, "fake_quantize_nvfp4")
+    return (e2m1_round(scaled) * (bs8.float() * s).unsqueeze(-1)).reshape(x.shape)
+
+
+def _nvfp4_scaled(x: torch.Tensor, tensor_scale, check_finite: bool, what: str):
+    """The steps of :func:`quantize_nvfp4` before rounding: (``x`` scaled into ±6 per block
+    ``[..., K/16, 16]``, block scales e4m3 (NaN for non-finite blocks when unchecked), tensor scale)."""
     if x.shape[-1] % FP4_BLOCK:
-        raise ValueError(f"quantize_nvfp4: last dimension {x.shape[-1]} is not a multiple of {FP4_BLOCK}")
+        raise ValueError(f"{what}: last dimension {x.shape[-1]} is not a multiple of {FP4_BLOCK}")
     if check_finite:
-        _check_finite(x, "quantize_nvfp4")
-    orig_dtype = x.dtype
+        _check_finite(x, what)
     if tensor_scale is None:
         tensor_scale = nvfp4_tensor_scale(x)
     s = tensor_scale.float().reshape(())
@@ -233,12 +259,11 @@ def quantize_nvfp4(
     bs32 = bs8.float()
     recip = (1.0 / s) / bs32
     scaled = (xb * recip.unsqueeze(-1)).clamp(-F4_MAX, F4_MAX)
-    codes = e2m1_encode(scaled).reshape(x.shape)
     if not check_finite:
         bad = ~torch.isfinite(amax_blk)
         if bool(bad.any()):
             bs8 = torch.where(bad, torch.full_like(bs32, float("nan")), bs32).to(torch.float8_e4m3fn)
-    return NVFP4Tensor(pack_fp4(codes), bs8, s.clone(), orig_dtype)
+    return scaled, bs8, s
 
 
 def dequantize_nvfp4(t: NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

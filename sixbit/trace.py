@@ -14,6 +14,11 @@
      "summary": {"avg_act_bits", "skip_fraction", "pdr_count", "time_s", "peak_mem_bytes",
                  "route_counts": {"nvfp4", "int8", "fp16", "skipped"}, ...}}
 
+A trace saved by the demo (trace.json) has one more key, ``"run"`` (:func:`run_record`, its own version
+:data:`RUN_VERSION`): what the run needs to be replayed — model id and revision, pipeline arguments, seed,
+the full SixBitConfig, the policy's fingerprint, device, compute path, thread count, package versions and
+the videos' digests (README, "Replaying a demo run").
+
 Conventions:
 
 * Non-finite numbers (a threshold set to infinity, Γ of an all-zero input) are written as null.
@@ -41,7 +46,8 @@ from sixbit.routes import BITS as ROUTE_BITS
 from sixbit.routes import LETTERS, SKIPPED, TRACE_ROUTES
 from sixbit.tdc import SkipSchedule
 
-__all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "json_safe"]
+__all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "json_safe", "RUN_VERSION", "run_record",
+           "policy_fingerprint", "package_versions"]
 
 TRACE_VERSION = 1
 
@@ -206,3 +212,58 @@ class Trace:
             branches[n], routes[n] = rows, rrows
         return SkipSchedule(len(self.blocks), len(self.steps), branches,
                             {"model": self.model, "config": self.config, "device": self.device}, routes)
+
+
+# ------------------------------------------------------------------------------------ run metadata
+#: version of the ``run`` section (below); the trace's own schema version is unchanged by it
+RUN_VERSION = 1
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of Python and of every package that decides a run's numbers."""
+    import platform
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("sixbit", "torch", "diffusers", "transformers", "numpy", "triton"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def policy_fingerprint(policy) -> dict[str, Any]:
+    """A policy's identity: what it was calibrated on, and the SHA-256 of its canonical JSON."""
+    import hashlib
+    import json
+
+    body = json.dumps(json_safe(policy.to_dict()), sort_keys=True, separators=(",", ":"))
+    return {"id": policy.describe(), "model": getattr(policy, "model", None),
+            "calibrated": bool(policy.calibrated), "sha256": hashlib.sha256(body.encode()).hexdigest()}
+
+
+def run_record(*, model: dict[str, Any], pipeline_kwargs: dict[str, Any], seed: int, config, policy,
+               device: str, compute_path: str, threads: int, outputs: dict[str, str] | None = None) -> dict[str, Any]:
+    """The ``run`` section a saved trace carries (``trace["run"]``): everything needed to replay the run.
+
+    ``model``: ``{"id", "revision", ...}`` (a display id, never a path on the server); ``pipeline_kwargs``: what
+    the pipeline was called with, less the generator, which is ``torch.Generator("cpu").manual_seed(seed)``;
+    ``config``: the :class:`~sixbit.config.SixBitConfig` (``SixBitConfig.from_dict(run["sixbit_config"])``
+    rebuilds it); ``policy``: the resolved :class:`~sixbit.policy.Policy`; ``threads``: torch's intra-op
+    threads (CPU results are bit-identical only at the same count); ``outputs``: digests of the videos.
+    """
+    return json_safe({
+        "version": RUN_VERSION,
+        "model": dict(model),
+        "pipeline_kwargs": dict(pipeline_kwargs),
+        "generator": {"device": "cpu", "seed": int(seed)},
+        "sixbit_config": config.to_dict(),
+        "policy": policy_fingerprint(policy),
+        "device": str(device),
+        "compute_path": compute_path,
+        "torch_threads": int(threads),
+        "packages": package_versions(),
+        "outputs": dict(outputs or {}),
+    })
+

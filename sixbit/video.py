@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["check_video", "to_uint8", "to_float01", "pad_even", "write_mp4", "read_mp4", "mp4_top_level_atoms"]
+__all__ = ["check_video", "to_uint8", "to_float01", "digest", "pad_even", "write_mp4", "read_mp4", "mp4_top_level_atoms"]
 
 
 def check_video(video) -> np.ndarray:
@@ -57,6 +57,17 @@ def to_float01(video) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise ValueError("video contains NaN or infinite values")
     return np.clip(arr.astype(np.float64), 0.0, 1.0)
+
+
+def digest(video) -> str:
+    """``"sha256:<hex>"`` of a video as ``uint8 [T, H, W, 3]`` (shape included): equal digests mean equal
+    pixels, bit for bit (the app stores them in trace.json so that a replay can be compared)."""
+    import hashlib
+
+    arr = np.ascontiguousarray(to_uint8(video))
+    h = hashlib.sha256(str(arr.shape).encode())
+    h.update(arr.tobytes())
+    return "sha256:" + h.hexdigest()
 
 
 def pad_even(video: np.ndarray) -> np.ndarray:

@@ -168,7 +168,10 @@ def test_rerun_with_new_thresholds_reuses_the_baseline(ctrl, prompt, monkeypatch
     (dict(seed=-3), "Seed must be between"),
     (dict(guidance=50), "Guidance scale must be between"),
     (dict(frames=5), "8·k\\+1 frames"),
-    (dict(frames=25), "at most 17 frames"),
+    (dict(frames=25), "Frames must be 8·k\\+1 frames up to 17"),
+    (dict(seed=1.5), "Seed must be a whole number"),  # Gradio's Number would have rounded it silently
+    (dict(steps=2.5), "Steps must be a whole number"),
+    (dict(resolution="100000x100000"), "largest size this model takes is 64x64"),
     (dict(resolution="36x36"), "multiples of 8"),
     (dict(resolution="128x128"), "largest size"),
     (dict(model="THUDM/CogVideoX-2b"), "Unknown model"),
@@ -189,7 +192,7 @@ def test_invalid_advanced_value(ctrl, prompt):
     adv = config_form.preset_values(ctrl.config_cls, "balanced", ctrl.specs)
     names = [s.name for s in ctrl.specs]
     adv[names.index("pdr_rho")] = 5.0  # rho is a fraction
-    with pytest.raises(gr.Error, match=r"ρ.* must be <= 1.0"):
+    with pytest.raises(gr.Error, match=r"PDR ρ \(outlier ratio\) must be a number from 0 to 1, or empty; got 5.0"):
         next(call(ctrl, prompt=prompt, adv=adv))
 
 
@@ -240,7 +243,7 @@ def test_stop_interrupts_at_next_step_and_leaves_nothing_behind(ctrl, prompt, ga
             assert "Stopped" in ctrl.stop(req("s1"))
             break
     out = final(gen)
-    assert "Stopped at step 1/4 of the baseline run" in out["status"]
+    assert "Stopped at step 1/4 of the baseline run. Nothing was kept" in out["status"]
     assert len(ctrl.baselines) == 0 and ctrl.jobs.running() == 0
 
     # Stop during the 6Bit run: no 6Bit video, the baseline (complete) stays cached
@@ -248,10 +251,11 @@ def test_stop_interrupts_at_next_step_and_leaves_nothing_behind(ctrl, prompt, ga
     gen = call(ctrl, session="s2", prompt=prompt, steps=4)
     for u in gen:
         if isinstance(u[IDX["status"]], str) and "6Bit · step 2/4" in u[IDX["status"]]:
-            ctrl.stop(req("s2"))
+            said = ctrl.stop(req("s2"))  # exactly what is kept, no stale ETA
+            assert "Kept: the baseline video" in said and "ETA" not in said and "Nothing" not in said, said
             break
     out = final(gen)
-    assert "Stopped at step 2/4 of the 6Bit run" in out["status"]
+    assert "Stopped at step 2/4 of the 6Bit run. Kept: the baseline video" in out["status"]
     assert out.get("sixbit_video") is None and len(ctrl.baselines) == 1
     assert "Nothing is running" in ctrl.stop(req("s2"))
     with app.GPU_LOCK:  # the job has released the pipeline
@@ -371,3 +375,47 @@ def test_text_encoder_4bit_setting_packs_the_encoder_and_says_so(monkeypatch, tm
     st = app.ModelStore(str(folder), device="cpu")
     assert st.pipeline(str(folder)).sixbit_text_encoder is None
     assert "4-bit" not in st.info(str(folder)).display_name
+
+
+def _replay_block() -> str:
+    readme = (Path(app.ROOT) / "README.md").read_text()
+    start = readme.index("<!-- replay")
+    return readme[readme.index("```python", start) + len("```python"):readme.index("```", readme.index("```python", start) + 9)]
+
+
+def test_trace_json_reproduces_the_run_bit_for_bit_and_names_no_server_path(ctrl, prompt, tmp_path, monkeypatch):
+    """Issue 16, items 7 and 13: trace.json names the model as users see it (no install path anywhere) and
+    holds everything a replay needs; the README's replay code, run as written, gives the same pixels."""
+    ctrl.baselines.clear()
+    out = final(call(ctrl, prompt=prompt, negative="blurry", seed=11))
+    text = Path(out["trace_file"]).read_text()
+    assert str(app.ROOT) not in text and "/assets/" not in text
+    trace = json.loads(text)
+    assert trace["model"] == "sixbit-mini (embedded)"
+    run = trace["run"]
+    kw = run["pipeline_kwargs"]
+    assert (kw["prompt"], kw["negative_prompt"], kw["num_inference_steps"], kw["num_frames"], kw["width"],
+            kw["height"], kw["guidance_scale"]) == (prompt, "blurry", 3, 9, 32, 32, 5.0)
+    assert run["generator"] == {"device": "cpu", "seed": 11}
+    assert run["sixbit_config"] == ctrl.config_cls.preset("balanced").to_dict()
+    assert run["model"]["id"] == "sixbit-mini (embedded)" and run["model"]["revision"].startswith("sha256:")
+    assert run["policy"]["calibrated"] and len(run["policy"]["sha256"]) == 64
+    assert run["device"] == "cpu" and run["compute_path"] == "cpu-reference"
+    assert {"python", "sixbit", "torch", "diffusers", "transformers", "numpy"} <= set(run["packages"])
+    assert run["outputs"]["sixbit"].startswith("sha256:") and run["outputs"]["baseline"] != run["outputs"]["sixbit"]
+    # the README's replay, verbatim, in a folder holding the downloaded trace.json
+    (tmp_path / "trace.json").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    import sixbit
+
+    pipe = app.store().pipeline(app.store().default_id)
+    monkeypatch.setattr(sixbit, "load_pipeline", lambda *a, **k: pipe)  # the already loaded sixbit-mini
+    with app.GPU_LOCK:
+        exec(compile(_replay_block(), "README.md (replay)", "exec"), {})  # asserts the digests itself
+    _same(ctrl.pristine, _snapshot(pipe))
+
+
+def test_model_errors_never_show_server_paths(ctrl, prompt):
+    with pytest.raises(gr.Error) as e:
+        next(call(ctrl, prompt=prompt, model="THUDM/CogVideoX-2b"))
+    assert "sixbit-mini (embedded)" in e.value.message and str(app.ROOT) not in e.value.message

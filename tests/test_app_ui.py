@@ -53,7 +53,10 @@ def test_precision_figure_codes_every_cell():
     assert z[0][:3] == [code["nvfp4"], code["fp16"], code["nvfp4"]]
     assert z[3][:3] == [code["int8"], code["int8"], code["skipped"]]
     assert z[0][3:] == [None, None]  # steps not yet run stay empty
-    assert list(hm.y)[0] == "0·attn1.to_q"
+    # rows grouped by block: one readable label per block, the layer's full name in the hover
+    assert list(fig.layout.yaxis.ticktext) == ["block 0", "block 1"] and list(fig.layout.yaxis.tickvals) == [0.5, 2.5]
+    assert hm.customdata[0][0][0] == "transformer_blocks.0.attn1.to_q" and "customdata[0]" in hm.hovertemplate
+    assert [sh.y0 for sh in fig.layout.shapes] == [1.5]  # a separator between the blocks
     legend = [t.name for t in fig.data[1:]]
     assert any(name.startswith("NVFP4") and name.endswith("· 5") for name in legend)
 
@@ -82,9 +85,11 @@ def test_figures_of_an_empty_trace_are_placeholders():
         assert len(fig.data) == 0 and fig.layout.annotations
 
 
-def test_short_linear_name():
-    assert figures.short_linear_name("transformer_blocks.12.attn1.to_out.0") == "12·attn1.to_out.0"
-    assert figures.short_linear_name("proj_out") == "proj_out"
+def test_block_groups_of_a_real_model_layout():
+    names = [f"transformer_blocks.{b}.{n}" for b in range(12) for n in ("attn1.to_q", "attn1.to_k", "ff.net.2")]
+    groups = figures.block_groups(names + ["proj_out"])
+    assert len(groups) == 13 and groups[0] == ("block 0", 0, 2) and groups[11] == ("block 11", 33, 35)
+    assert groups[-1] == ("proj_out", 36, 36)
 
 
 # ---------------------------------------------------------------------------------------- validation
@@ -104,24 +109,55 @@ def test_validate_accepts_and_normalises():
     ({"prompt": "x" * 5000}, "too long"),
     ({"prompt": "x" * 25}, "26 tokens"),
     ({"negative_prompt": "y" * 30}, "Negative prompt is too long"),
-    ({"seed": -1}, "Seed must be between"),
-    ({"seed": 1.5}, "whole number"),
+    ({"seed": -1}, "Seed must be between 0 and 4294967295"),
+    ({"seed": 1.5}, "Seed must be a whole number between 0 and 4294967295, got 1.5"),
     ({"seed": None}, "Seed is empty"),
-    ({"steps": 0}, "Steps must be between"),
+    ({"seed": True}, "Seed must be a whole number"),
+    ({"steps": 0}, "Steps must be between 1 and 100"),
+    ({"steps": 2.5}, "Steps must be a whole number between 1 and 100, got 2.5"),
     ({"steps": 101}, "Steps must be between"),
-    ({"steps": "many"}, "must be a number"),
-    ({"frames": 5}, r"8·k\+1 frames \(…, 1, 9, …\); got 5"),
-    ({"frames": 25}, "at most 17 frames"),
-    ({"resolution": "70x64"}, "multiples of 16"),
+    ({"steps": "many"}, "Steps must be a number"),
+    ({"frames": 5}, r"Frames must be 8·k\+1 frames up to 17 \(1, 9, 17\) for this model; got 5"),
+    ({"frames": 25}, r"Frames must be 8·k\+1 frames up to 17"),
+    ({"resolution": "70x64"}, "Resolution '70x64': width and height must be multiples of 16. This model takes "
+                              "width x height, each a multiple of 16, from 32x32 to 128x96"),
     ({"resolution": "144x96"}, "largest size"),
+    ({"resolution": "100000x100000"}, "largest size this model takes is 128x96"),
     ({"resolution": "16x16"}, "smallest size"),
-    ({"resolution": "big"}, "look like"),
-    ({"guidance": 0.5}, "Guidance scale must be between"),
-    ({"guidance": float("nan")}, "finite"),
+    ({"resolution": "big"}, "Resolution 'big': not of the form width x height. This model takes width x height"),
+    ({"resolution": 64}, "Resolution 64: not of the form"),
+    ({"guidance": 0.5}, "Guidance scale must be between 1 and 20"),
+    ({"guidance": float("nan")}, "Guidance scale must be a finite number"),
+    ({"prompt": ["a", "list"]}, "Prompt must be text"),
 ])
 def test_validate_rejects_with_clear_errors(change, message):
-    with pytest.raises(gr.Error, match=message):
+    with pytest.raises(gr.Error, match=message) as e:
         validate_request(LIM, **{**GOOD, **change})
+    assert e.value.print_exception is False  # a refused input is one log line, not a traceback
+
+
+def test_echoed_user_values_are_escaped_text():
+    """Gradio renders an error toast as HTML: a typed value must come back as text (issue 16, item 2)."""
+    for kw in ({"resolution": "<img src=x onerror=alert(1)>"}, {"seed": "<b>1</b>"}, {"steps": "<i>2</i>"}):
+        with pytest.raises(gr.Error) as e:
+            validate_request(LIM, **{**GOOD, **kw})
+        assert "<" not in e.value.message and "&lt;" in e.value.message, e.value.message
+    with pytest.raises(gr.Error) as e:
+        resolve_model_id("<svg onload=x>", "/srv/model", allow_hub=True)
+    assert "<" not in e.value.message
+    with pytest.raises(gr.Error) as e:
+        config_form.normal_preset("<img src=x>")
+    assert "<" not in e.value.message and "off, balanced, aggressive" in e.value.message
+
+
+def test_refused_input_logs_one_line(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sixbit.app"):
+        with pytest.raises(gr.Error):
+            validate_request(LIM, **{**GOOD, "steps": 0})
+    lines = [r for r in caplog.records if r.name == "sixbit.app"]
+    assert len(lines) == 1 and "Steps must be between" in lines[0].getMessage() and lines[0].exc_info is None
 
 
 def test_parse_resolution_forms():
@@ -142,8 +178,9 @@ def test_limits_resolutions_are_on_the_grid():
 def test_resolve_model_id_never_takes_a_path():
     assert resolve_model_id("", "/srv/model", allow_hub=False) == "/srv/model"
     assert resolve_model_id("/srv/model", "/srv/model", allow_hub=False) == "/srv/model"
-    with pytest.raises(gr.Error, match="only serves"):
-        resolve_model_id("THUDM/CogVideoX-2b", "/srv/model", allow_hub=False)
+    with pytest.raises(gr.Error, match="only serves sixbit-mini") as e:
+        resolve_model_id("THUDM/CogVideoX-2b", "/srv/model", allow_hub=False, served_name="sixbit-mini")
+    assert "/srv" not in e.value.message  # the server's paths never reach a user
     assert resolve_model_id("THUDM/CogVideoX-2b", "/srv/model", allow_hub=True) == "THUDM/CogVideoX-2b"
     for bad in ("/etc/passwd", "../secrets", "./model", "a/b/c", "~/x", "..a/b..", "C:\\x"):
         with pytest.raises(gr.Error, match="Unknown model"):
@@ -187,14 +224,18 @@ def test_form_components_show_the_preset_values():
         comps = [config_form.make_component(s, v) for s, v in zip(specs, vals)]
     assert [c.value for c in comps] == vals
     assert isinstance(comps[0], gr.Dropdown) and isinstance(comps[4], gr.Checkbox)
-    assert isinstance(comps[3], gr.Number) and comps[3].minimum == 0 and comps[3].maximum == 10
+    # no Gradio bounds or precision (they round silently or refuse without the field's name): _coerce checks
+    assert isinstance(comps[3], gr.Number) and comps[3].minimum is None and comps[3].precision is None
+    # an optional number is a text box that starts empty (a number box would show and send 0: issue 16, item 1)
+    assert isinstance(comps[2], gr.Textbox) and comps[2].value == ""
+    assert comps[1].choices == [("16", "16"), ("64", "64")]  # choices as text: the API documents what it accepts
     assert comps[1].info == "block size"
 
 
 def test_form_overrides_are_the_changed_fields():
     specs = config_form.field_specs(DemoConfig)
     vals = config_form.preset_values(DemoConfig, "balanced", specs)
-    assert vals == ["a", 64, None, 1, True, "auto (shipped policy for the model)"]
+    assert vals == ["a", "64", "", 1, True, "auto (shipped policy for the model)"]
     assert config_form.overrides(DemoConfig, "balanced", specs, vals) == {}
     changed = ["b", "16", 0.3, 2.0, "false", "none (uncalibrated E = Γ)"]
     assert config_form.overrides(DemoConfig, "balanced", specs, changed) == dict(
@@ -209,7 +250,8 @@ def test_form_overrides_are_the_changed_fields():
 
 
 @pytest.mark.parametrize("index, value, message", [
-    (0, "c", "must be one of"), (1, 32, "must be one of"), (2, -1.0, ">= 0.0"), (3, 11, "<= 10"),
+    (0, "c", "must be one of"), (1, 32, "must be one of"), (2, -1.0, "tau must be a number ≥ 0, or empty; got -1.0"),
+    (3, 11, "steps must be a whole number from 0 to 10; got 11"),
     (3, 1.5, "whole number"), (3, None, "is empty"), (4, "maybe", "true or false"),
     (5, "/etc/passwd", "must be one of"),
 ])
@@ -242,6 +284,30 @@ def test_form_on_the_real_config():
         vals = config_form.preset_values(SixBitConfig, preset, specs)
         assert config_form.overrides(SixBitConfig, preset, specs, vals) == {}
         config_form.build_config(SixBitConfig, preset, {})
+    # issue 16: hadamard_block is offered as text and accepted as text or integer, the optional τ and ρ stay
+    # empty (= from the policy), and the triton backend is not offered where it cannot run
+    idx = {s.name: i for i, s in enumerate(specs)}
+    vals = config_form.preset_values(SixBitConfig, "balanced", specs)
+    assert vals[idx["tau"]] == "" and vals[idx["pdr_rho"]] == "" and vals[idx["hadamard_block"]] == "64"
+    for hb in ("32", 32):
+        vals[idx["hadamard_block"]] = hb
+        assert config_form.overrides(SixBitConfig, "balanced", specs, vals) == {"hadamard_block": 32}
+    cpu = config_form.restrict_choices(specs, {"backend": (("auto", "torch"), "(no CUDA GPU here)")})
+    backend = next(s for s in cpu if s.name == "backend")
+    assert backend.choices == ("auto", "torch") and backend.info.endswith("(no CUDA GPU here)")
+    vals = config_form.preset_values(SixBitConfig, "balanced", cpu)
+    vals[idx["backend"]] = "triton"
+    with pytest.raises(gr.Error, match="Kernel backend must be one of 'auto', 'torch'; got 'triton'"):
+        config_form.overrides(SixBitConfig, "balanced", cpu, vals)
+
+
+def test_stop_text_says_exactly_what_was_kept():
+    from ui.handlers import stopped_text
+
+    assert stopped_text("baseline", 3, 20, False) == ("Stopped at step 3/20 of the baseline run. Nothing was kept: "
+                                                       "no video, no cached baseline.")
+    kept = stopped_text("sixbit", 5, 20, True)
+    assert kept.startswith("Stopped at step 5/20 of the 6Bit run. Kept: the baseline video") and "ETA" not in kept
 
 
 # ------------------------------------------------------------------------------------------ state

@@ -1,7 +1,10 @@
 """End to end in a real browser: Playwright drives Debian's Chromium against the app served in-process.
 
-Types a prompt, clicks Generate, waits until both videos play, checks the heatmaps were drawn, then
-submits an invalid input and sees the error. Screenshots go to test-artifacts/; the one of the
+Checks the page a new user meets (the CPU note near the top, the prompt's token limit, whole example
+prompts, an Advanced panel whose empty τ/ρ stay empty and which offers no Triton backend on a CPU), types a
+prompt, clicks Generate with the Advanced panel open, waits until both videos play, checks the heatmaps
+(one label per block, layer names in the hover) and that the metrics table shows every row, then submits a
+round of invalid inputs and sees each refused with its field named, user text shown as text. Screenshots go to test-artifacts/; the one of the
 finished run is copied to docs/screenshot.png (shown in the README) when that file is missing or
 ``SIXBIT_UPDATE_SCREENSHOT=1`` — so an ordinary test run does not rewrite a tracked file.
 
@@ -72,6 +75,34 @@ def _set_small(page):
         page.locator(f"#{elem_id} input[type=number]").press("Enter")
 
 
+def test_page_before_any_run(page):
+    """Issue 16, items 1, 5, 9, 10, 14: what a new user sees before generating anything."""
+    # the CPU note sits near the top, above the results (not under the metrics table)
+    note = page.locator("#cpu-note")
+    assert note.is_visible() and "quantization is simulated" in note.inner_text()
+    assert "tensor cores" in note.inner_text()
+    assert note.bounding_box()["y"] < page.locator("#sb-status-box").bounding_box()["y"] < 900
+    # the prompt's token limit is in its label
+    assert "at most 112 tokens" in page.locator("#prompt").inner_text()
+    # every example prompt is shown whole, and a click fills the prompt
+    prompts = app.example_prompts(app.store().default_id)[:8]
+    shown = [page.locator(f"#example-{i}").inner_text().strip() for i in range(len(prompts))]
+    assert shown == prompts
+    page.locator("#example-2").click()
+    page.wait_for_function("(want) => document.querySelector('#prompt textarea').value === want", arg=prompts[2])
+    # opening Advanced shows τ and ρ empty ("empty = from the policy") and offers no triton backend on a CPU
+    page.locator("#advanced").get_by_text("Advanced").first.click()
+    for name in ("tau", "pdr_rho"):
+        box = page.locator(f"#adv-{name} input, #adv-{name} textarea").first
+        box.wait_for(state="visible", timeout=30_000)
+        assert box.input_value() == "", name
+    assert "'triton' is not offered" in page.locator("#adv-backend").inner_text()
+    page.locator("#adv-backend input").click()
+    options = page.locator("ul[role=listbox] li").all_inner_texts()
+    assert [o.replace("✓", "").strip() for o in options] == ["auto", "torch"], options
+    page.keyboard.press("Escape")
+
+
 def test_generate_in_browser(page):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -108,6 +139,19 @@ def test_generate_in_browser(page):
     assert any("NVFP4" in t for t in legend) and any("INT8" in t for t in legend)
     table = page.locator("#metrics").inner_text()
     assert "PSNR vs baseline" in table and "speed-up" in table
+    # the Advanced panel was opened before this run (previous test) and changed nothing: ρ came from the policy
+    pdr_row = next(ln for ln in table.splitlines() if "PDR refreshes" in ln or "from the" in ln)
+    assert "from the policy" in table and "from the config" not in table, pdr_row
+    # the metrics table shows every row: no scroll area inside it hides the last one
+    cut = page.evaluate("""() => [...document.querySelectorAll('#metrics *')].filter(e =>
+        /(auto|scroll)/.test(getComputedStyle(e).overflowY) && e.scrollHeight > e.clientHeight)
+        .map(e => [e.className, e.scrollHeight, e.clientHeight])""")
+    assert not cut, f"the metrics table scrolls (its last row is cut off): {cut}"
+    # the precision heatmap: one label per block, the layer's full name in the hover
+    ticks = page.locator("#plot-precision .ytick text").all_text_contents()
+    assert ticks == [f"block {i}" for i in range(12)], ticks
+    hover = page.evaluate("() => document.querySelector('#plot-precision .js-plotly-plot').data[0].customdata[0][0][0]")
+    assert hover == "transformer_blocks.0.attn1.to_q"
     assert "cpu-reference" in page.locator("#path-info").inner_text()
     page.locator("#outputs").scroll_into_view_if_needed()
     page.evaluate("() => window.scrollTo(0, 0)")
@@ -120,10 +164,22 @@ def test_generate_in_browser(page):
     assert not page.js_errors, page.js_errors
 
 
+def _refused(page, message: str):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.locator("#generate").click()
+    try:
+        page.locator("[data-testid=toast-text]", has_text=message).first.wait_for(state="visible", timeout=30_000)
+    except PlaywrightTimeout:
+        page.screenshot(path=str(ARTIFACTS / "app-refused-missing.png"), full_page=True)
+        pytest.fail(f"no toast {message!r}; toasts: {page.locator('[data-testid=toast-text]').all_inner_texts()}; "
+                    f"status: {page.locator('#sb-status-box').inner_text()}")
+
+
 def test_invalid_input_shows_error_and_app_keeps_working(page):
     page.locator("#prompt textarea").fill("")
     page.locator("#generate").click()
-    toast = page.locator("[data-testid=toast-text]", has_text="Please enter a prompt.")
+    toast = page.locator("[data-testid=toast-text]", has_text="Prompt is empty: please enter a prompt.")
     toast.first.wait_for(state="visible", timeout=30_000)
     page.wait_for_timeout(800)  # let the toast finish sliding in before the screenshot
     page.screenshot(path=str(ARTIFACTS / "app-error.png"))
@@ -136,14 +192,49 @@ def test_invalid_input_shows_error_and_app_keeps_working(page):
     page.locator("[data-testid=toast-text]", has_text="multiples of 8").first.wait_for(state="visible",
                                                                                      timeout=30_000)
     assert 'data-state="done"' in page.locator("#sb-status-box").inner_html()  # the last good run stays
+    res.fill("64x64")
+    res.press("Enter")
+
+
+BAD = [  # (input selector, typed value, message): every case names its field
+    ("#seed input", "1.5", "Seed must be a whole number between 0 and 4294967295, got 1.5"),
+    ("#seed input", "-1", "Seed must be between 0 and 4294967295, got -1"),
+    ("#resolution input", "100000x100000", "the largest size this model takes is 64x64"),
+    ("#resolution input", "<img src=x onerror=window.__xss=1>", "not of the form width x height"),
+    ("#adv-tau input", "abc", "τ (error threshold) must be a number ≥ 0, or empty; got 'abc'"),
+    ("#adv-tau input", "<b>bold</b>", "got '<b>bold</b>'"),
+    ("#adv-pdr_rho input", "2", "PDR ρ (outlier ratio) must be a number from 0 to 1"),
+    ("#adv-warmup_steps input", "1.5", "must be a whole number from 0 to 1000; got 1.5"),
+]
+
+
+def test_a_round_of_bad_inputs_in_the_browser(page):
+    """Issue 16's target through Chromium: each bad value is refused with its field named, shown as text
+    (never rendered as HTML), and the page keeps its last good run."""
+    good = {}
+    for sel, value, message in BAD:
+        box = page.locator(sel).first
+        good.setdefault(sel, box.input_value())
+        box.fill(value)
+        box.press("Tab")
+        _refused(page, message)
+        box.fill(good[sel])
+        box.press("Tab")
+        if "<" in value:  # the typed markup is in the toast as text, never as elements
+            toast = page.locator("[data-testid=toast-text]", has_text=value).first
+            assert toast.locator("img, b").count() == 0 and value in toast.inner_text()
+    assert page.evaluate("() => window.__xss") is None
+    assert 'data-state="done"' in page.locator("#sb-status-box").inner_html()
+    assert not page.js_errors, page.js_errors
 
 
 def test_preset_fills_the_advanced_fields(page):
     from sixbit import SixBitConfig
 
     page.get_by_text("Aggressive", exact=True).click()
-    page.locator("#advanced").get_by_text("Advanced").first.click()
     field = page.locator("#adv-tdc_threshold input[type=number]")
+    if not field.is_visible():  # opened by an earlier test, or not
+        page.locator("#advanced").get_by_text("Advanced").first.click()
     field.wait_for(state="visible", timeout=30_000)
     want = SixBitConfig.preset("aggressive").tdc_threshold
     page.wait_for_function("([sel, want]) => Math.abs(parseFloat(document.querySelector(sel).value) - want) < 1e-9",

@@ -17,6 +17,7 @@ Advanced inputs at their defaults (the form starts filled with "balanced").
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 import types
 import typing
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
+
+from ui.validate import refuse, shown
 
 PRESETS = ("off", "balanced", "aggressive")
 
@@ -90,27 +93,68 @@ def field_specs(config_cls) -> list[FieldSpec]:
     return specs
 
 
+def restrict_choices(specs: list[FieldSpec], available: dict[str, tuple[tuple, str]]) -> list[FieldSpec]:
+    """``specs`` with the choices of some fields cut to what this host can run: ``available[name] =
+    (choices kept, why the others are absent)``; the reason is appended to the field's help."""
+    out = []
+    for s in specs:
+        if s.name in available and s.choices:
+            keep, why = available[s.name]
+            s = dataclasses.replace(s, choices=tuple(c for c in s.choices if c in keep),
+                                    info=f"{s.info or ''} {why}".strip())
+        out.append(s)
+    return out
+
+
+def accepted(spec: FieldSpec) -> str:
+    """What a field accepts, in words (for messages)."""
+    if spec.kind == "bool":
+        text = "true or false"
+    elif spec.kind in ("choice", "mapped"):
+        text = "one of " + ", ".join(repr(str(c)) for c in (spec.mapping or spec.choices))
+    else:
+        text = "a whole number" if spec.kind == "int" else "a number"
+        if spec.minimum is not None and spec.maximum is not None:
+            text += f" from {spec.minimum:g} to {spec.maximum:g}"
+        elif spec.minimum is not None:
+            text += f" ≥ {spec.minimum:g}"
+        elif spec.maximum is not None:
+            text += f" ≤ {spec.maximum:g}"
+    return text + (", or empty" if spec.optional else "")
+
+
 def make_component(spec: FieldSpec, value) -> gr.components.Component:
-    """The component of one field; ``value`` as the form shows it (see `to_display`, `preset_values`)."""
+    """The component of one field; ``value`` as the form shows it (see `to_display`, `preset_values`).
+
+    Optional numbers are text boxes: a number box shows (and, once the accordion is opened, sends) 0 for
+    an empty value, and empty must stay empty. Number boxes get no Gradio precision or bounds: Gradio
+    would round a fraction silently and refuse a bound without naming the field; `_coerce` checks both
+    with the field's name. Choices are shown as text, so the API documents and accepts strings."""
     common = dict(label=spec.label, info=spec.info, elem_id=f"adv-{spec.name}", interactive=True)
     if spec.kind == "bool":
         return gr.Checkbox(value=bool(value), **common)
     if spec.kind == "choice":
-        return gr.Dropdown(choices=list(spec.choices), value=value, **common)
+        return gr.Dropdown(choices=[str(c) for c in spec.choices], value=value, **common)
     if spec.kind == "mapped":
         return gr.Dropdown(choices=list(spec.mapping), value=value, **common)
-    return gr.Number(value=value, precision=0 if spec.kind == "int" else None,
-                     minimum=spec.minimum, maximum=spec.maximum, **common)
+    if spec.optional:
+        return gr.Textbox(value=value, max_lines=1, placeholder="empty", **common)
+    return gr.Number(value=value, **common)
 
 
 def to_display(spec: FieldSpec, value):
-    """A config value as its component shows it (only "mapped" fields differ)."""
-    if spec.kind != "mapped":
-        return value
-    for label, v in spec.mapping.items():
-        if v == value:
-            return label
-    return None
+    """A config value as its component shows it: the label of a "mapped" value, the text of a choice,
+    an optional number as text ("" for None)."""
+    if spec.kind == "mapped":
+        for label, v in spec.mapping.items():
+            if v == value:
+                return label
+        return None
+    if spec.kind == "choice":
+        return None if value is None else str(value)
+    if spec.optional and spec.kind in ("int", "float"):
+        return "" if value is None else repr(value)
+    return value
 
 
 def preset_values(config_cls, preset: str, specs: list[FieldSpec]) -> list:
@@ -119,60 +163,58 @@ def preset_values(config_cls, preset: str, specs: list[FieldSpec]) -> list:
 
 
 def _coerce(spec: FieldSpec, value):
-    """A component's value → the field's Python type; raises ValueError with the field's name."""
+    """A component's value → the field's Python type; raises ValueError naming the field and what it takes."""
+    def bad():
+        return ValueError(f"{spec.label} must be {accepted(spec)}; got {shown(value)}")
+
     if spec.kind == "mapped":
-        if value not in spec.mapping:
-            raise ValueError(f"{spec.label} must be one of {list(spec.mapping)}, got {value!r}")
+        if not isinstance(value, str) or value not in spec.mapping:
+            raise bad()
         return spec.mapping[value]
     blank = value is None or (isinstance(value, str) and not value.strip())
     if blank and spec.optional:
         return None
     if blank:
-        raise ValueError(f"{spec.label} is empty")
+        raise ValueError(f"{spec.label} is empty: enter {accepted(spec)}")
     if spec.kind == "bool":
-        if isinstance(value, str):
-            if value.strip().lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"{spec.label} must be true or false, got {value!r}")
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
             return value.strip().lower() in ("true", "1")
-        return bool(value)
-    if spec.kind == "int":
-        x = float(value)
-        if not math.isfinite(x) or x != int(x):
-            raise ValueError(f"{spec.label} must be a whole number, got {value!r}")
-        x = int(x)
-    elif spec.kind == "float":
-        x = float(value)
-        if not math.isfinite(x):
-            raise ValueError(f"{spec.label} must be a finite number, got {value!r}")
-    else:  # "choice": also accept the string form of a non-string choice (e.g. "64" for 64)
+        if isinstance(value, bool) or value in (0, 1):
+            return bool(value)
+        raise bad()
+    if spec.kind == "choice":  # also the string form of a non-string choice (e.g. "64" for 64)
         for c in spec.choices:
-            if value == c or str(value) == str(c):
+            if (value == c and type(value) is type(c)) or (isinstance(value, str) and value.strip() == str(c)):
                 return c
-        raise ValueError(f"{spec.label} must be one of {list(spec.choices)}, got {value!r}")
-    if spec.minimum is not None and x < spec.minimum:
-        raise ValueError(f"{spec.label} must be >= {spec.minimum}, got {x}")
-    if spec.maximum is not None and x > spec.maximum:
-        raise ValueError(f"{spec.label} must be <= {spec.maximum}, got {x}")
+        raise bad()
+    if isinstance(value, bool) or isinstance(value, (list, dict)):
+        raise bad()
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise bad() from None
+    if not math.isfinite(x) or (spec.kind == "int" and x != int(x)):
+        raise bad()
+    x = int(x) if spec.kind == "int" else x
+    if (spec.minimum is not None and x < spec.minimum) or (spec.maximum is not None and x > spec.maximum):
+        raise bad()
     return x
 
 
 def overrides(config_cls, preset: str, specs: list[FieldSpec], values: list, form_preset: str | None = None) -> dict:
     """Fields whose submitted value differs from ``form_preset``'s (default: ``preset``'s), i.e. what the
     user edited after the form was filled; raises ``gr.Error`` on a bad value or an unknown preset."""
-    preset = (preset or "").strip().lower()
-    form_preset = (form_preset or preset).strip().lower()
-    for p in (preset, form_preset):
-        if p not in PRESETS:
-            raise gr.Error(f"Unknown 6Bit preset {p!r}: choose one of {', '.join(PRESETS)}.", title="Invalid input")
+    preset = normal_preset(preset)
+    form_preset = normal_preset(form_preset or preset)
     if len(values) != len(specs):
-        raise gr.Error(f"Expected {len(specs)} advanced settings, got {len(values)}.", title="Invalid input")
+        raise refuse(f"Expected {len(specs)} advanced settings, got {len(values)}.")
     base = config_cls.preset(form_preset)
     out = {}
     for spec, value in zip(specs, values):
         try:
             v = _coerce(spec, value)
         except (TypeError, ValueError) as e:
-            raise gr.Error(f"Advanced setting: {e}.", title="Invalid input") from None
+            raise refuse(f"Advanced setting: {e}.") from None
         if v != getattr(base, spec.name):
             out[spec.name] = v
     return out
@@ -183,4 +225,12 @@ def build_config(config_cls, preset: str, over: dict):
     try:
         return config_cls.preset(preset, **over)
     except (TypeError, ValueError) as e:
-        raise gr.Error(f"Invalid 6Bit settings: {e}", title="Invalid input") from None
+        raise refuse(f"Invalid 6Bit settings: {html.escape(str(e), quote=False)}") from None
+
+
+def normal_preset(preset) -> str:
+    """The preset name a request gave, normalised; ``gr.Error`` naming the choices for anything else."""
+    p = preset.strip().lower() if isinstance(preset, str) else None
+    if p not in PRESETS:
+        raise refuse(f"Unknown 6Bit preset {shown(preset)}: the 6Bit preset must be one of {', '.join(PRESETS)}.")
+    return p

@@ -2,9 +2,10 @@
 
 Three live views, redrawn after every denoising step while the video is generated:
 
-- `precision_figure` — every quantized linear layer (rows, in model order) × denoising step (columns),
-  coloured by the activation route the DMPQ policy picked: NVFP4 / INT8 / FP16 / skipped (the block
-  was served from the Temporal Delta Cache, so its linears did not run).
+- `precision_figure` — every quantized linear layer (rows, in model order, grouped and labelled by block;
+  the layer's name is in the hover) × denoising step (columns), coloured by the activation route the DMPQ
+  policy picked: NVFP4 / INT8 / FP16 / skipped (the block was served from the Temporal Delta Cache, so
+  its linears did not run).
 - `skip_figure` — every transformer block × step: computed, skipped (cached delta reused) or
   PDR-refreshed (computed in full precision so the cached delta is clean).
 - `curves_figure` — Γ = ‖out−in‖₁/‖in‖₁ per block, and each block's accumulated skip error, per step;
@@ -61,10 +62,18 @@ def placeholder(title: str, message: str = "waiting for the first denoising step
     return _layout(fig, title, height)
 
 
-def short_linear_name(name: str) -> str:
-    """``transformer_blocks.3.attn1.to_q`` → ``3·attn1.to_q`` (keeps names unique and short)."""
-    m = re.search(r"(?:^|\.)(\d+)\.(.+)$", name)
-    return f"{m.group(1)}·{m.group(2)}" if m else name
+def block_groups(linears: list[str]) -> list[tuple[str, int, int]]:
+    """Consecutive rows of one block: ``(label, first row, last row)``; ``transformer_blocks.3.attn1.to_q``
+    belongs to "block 3", a name without a block index to a group of its own name."""
+    groups: list[tuple[str, int, int]] = []
+    for i, name in enumerate(linears):
+        m = re.search(r"(?:^|\.)(\d+)\.", name)
+        label = f"block {m.group(1)}" if m else name
+        if groups and groups[-1][0] == label:
+            groups[-1] = (label, groups[-1][1], i)
+        else:
+            groups.append((label, i, i))
+    return groups
 
 
 def _discrete_colorscale(colors: list[str]) -> list[list]:
@@ -108,15 +117,21 @@ def precision_figure(trace: dict, total_steps: int | None = None, height: int | 
                 z[i][j] = code[r]
                 counts[r] += 1
             err[i][j] = preds[i] if i < len(preds) else None
-    names = [short_linear_name(n) for n in linears]
+    # hover: the full layer name and its predicted error; rows grouped by block (one label per block)
+    hover = [[[name, "–" if e is None else f"{e:.4f}"] for e in row] for name, row in zip(linears, err)]
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=names, customdata=err, zmin=-0.5, zmax=len(ROUTES) - 0.5,
+        z=z, x=x, y=list(range(len(linears))), customdata=hover, zmin=-0.5, zmax=len(ROUTES) - 0.5,
         colorscale=_discrete_colorscale([ROUTE_COLORS[r] for r in ROUTES]), showscale=False,
         xgap=1, ygap=0 if len(linears) > 60 else 1,
-        hovertemplate="step %{x}<br>%{y}<br>predicted error %{customdata:.4f}<extra></extra>",
+        hovertemplate="step %{x}<br>%{customdata[0]}<br>predicted error %{customdata[1]}<extra></extra>",
     ))
     _legend_entries(fig, ROUTE_LABELS, ROUTE_COLORS, ROUTES, counts)
-    fig.update_yaxes(autorange="reversed", showticklabels=len(linears) <= 80, title="linear layer")
+    groups = block_groups(linears)
+    for _, first, _ in groups[1:]:
+        fig.add_hline(y=first - 0.5, line=dict(color="white", width=2))
+    fig.update_yaxes(autorange="reversed", title="linear layers, by block", tickmode="array",
+                     tickvals=[(a + b) / 2 for _, a, b in groups], ticktext=[g for g, _, _ in groups],
+                     showgrid=False, zeroline=False)
     fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5], dtick=_dtick(len(x)))
     fig.update_layout(legend=_TOP_LEGEND)
     h = height or int(min(900, max(300, 140 + 7 * len(linears))))

@@ -30,10 +30,10 @@ import gradio as gr
 import numpy as np
 
 from sixbit import metrics as fidelity
-from sixbit.video import write_mp4
+from sixbit.video import digest, write_mp4
 from ui import config_form, figures
 from ui.state import BaselineCache, FileStore, JobRegistry, RunResult, baseline_key
-from ui.validate import ModelLimits, resolve_model_id, validate_request
+from ui.validate import LOG, ModelLimits, refuse, resolve_model_id, shown, validate_request
 
 OUTPUTS = ("status", "precision", "skips", "curves", "baseline_video", "sixbit_video", "metrics",
            "path_info", "trace_file")
@@ -94,6 +94,17 @@ def status_html(state: str, text: str, fraction: float | None = None) -> str:
                f'aria-valuemax="100"><div class="sb-bar-fill" style="width:{pct:.1f}%"></div></div>')
     return (f'<div class="sb-status" data-state="{state}"><div class="sb-status-text">{html.escape(text)}'
             f"</div>{bar}</div>")
+
+
+def stopped_text(phase: str, step: int, steps: int, baseline_kept: bool) -> str:
+    """What a Stop leaves behind, exactly: the finished baseline stays (on screen and cached), a partial run
+    never does."""
+    name = "baseline" if phase == "baseline" else "6Bit"
+    text = f"Stopped at step {step}/{steps} of the {name} run. "
+    if phase == "baseline" or not baseline_kept:
+        return text + "Nothing was kept: no video, no cached baseline."
+    return (text + "Kept: the baseline video (on screen, and cached for the next run with the same prompt and "
+            "generation settings). The 6Bit run was discarded.")
 
 
 def _eta(seconds: float | None) -> str:
@@ -168,18 +179,20 @@ class DemoController:
     def __init__(self, *, default_model: str, model_info: Callable[[str], ModelInfo],
                  job_fn: Callable[..., Iterator[tuple[str, dict]]], config_cls, allow_hub: bool = False,
                  baselines: BaselineCache | None = None, jobs: JobRegistry | None = None,
-                 files: FileStore | None = None, fps: float = 8.0):
+                 files: FileStore | None = None, fps: float = 8.0, available_choices: dict | None = None):
         self.default_model = default_model
         self.model_info = model_info
         self.job_fn = job_fn
         self.config_cls = config_cls
-        self.specs = config_form.field_specs(config_cls)
+        # the Advanced fields, with choices cut to what this host can run (e.g. no Triton backend on a CPU)
+        self.specs = config_form.restrict_choices(config_form.field_specs(config_cls), available_choices or {})
         self.allow_hub = allow_hub
         self.baselines = baselines or BaselineCache()
         self.jobs = jobs or JobRegistry()
         self.files = files or FileStore()
         self.fps = fps
-        self._last: dict[str, str] = {}  # session -> last status text (for the Stop message)
+        self._last: dict[str, str] = {}  # session -> last status text
+        self._progress: dict[str, tuple[Progress, bool]] = {}  # session -> (progress, baseline kept) for Stop
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- helpers
@@ -194,9 +207,7 @@ class DemoController:
     def preset_values(self, preset: str) -> list:
         """Handler of the preset radio: the preset's value for every Advanced field, then the preset
         itself (stored as the form's preset: edits are measured against it)."""
-        preset = (preset or "").strip().lower()
-        if preset not in config_form.PRESETS:
-            raise gr.Error(f"Unknown 6Bit preset {preset!r}.", title="Invalid input")
+        preset = config_form.normal_preset(preset)
         return [*config_form.preset_values(self.config_cls, preset, self.specs), preset]
 
     def _upscale(self, width: int, height: int) -> int:
@@ -249,9 +260,11 @@ class DemoController:
     def stop(self, request: gr.Request) -> str:
         session = getattr(request, "session_hash", None) or "local"
         if self.jobs.stop(session):
-            last = self._last.get(session, "")
-            text = "Stopped" + (f" during {last}" if last else "") + ". Nothing from this run was kept."
-            return status_html("stopped", text)
+            prog, kept = self._progress.get(session, (None, False))
+            if prog is None:
+                return status_html("stopped", "Stopped before the first step. Nothing was kept.")
+            kept = kept or prog.phase == "sixbit" or prog.done_steps.get("baseline", 0) >= prog.steps
+            return status_html("stopped", stopped_text(prog.phase, prog.done_steps[prog.phase], prog.steps, kept))
         return status_html("idle", "Nothing is running.")
 
     def api_generate(self) -> Callable:
@@ -276,16 +289,19 @@ class DemoController:
                  guidance, preset, form_preset, *advanced):
         """The Generate button: a generator of `OUTPUTS` tuples (see the module docstring)."""
         session = getattr(request, "session_hash", None) or "local"
-        model_id = resolve_model_id(model_text, self.default_model, self.allow_hub)
+        served = self.model_info(self.default_model).display_name
+        model_id = resolve_model_id(model_text, self.default_model, self.allow_hub, served_name=served)
         try:
             info = self.model_info(model_id)
         except gr.Error:
             raise
         except Exception as e:  # load failures: not a CogVideoX pipeline, not found, no network...
-            raise gr.Error(f"Unknown model {model_id!r}: it could not be loaded as a CogVideoX pipeline "
-                           f"({type(e).__name__}: {e}).", title="Unknown model") from None
+            # the exception's text may hold paths of this server: the log gets it, the user its type only
+            LOG.warning("model %r could not be loaded: %s: %s", model_id, type(e).__name__, e)
+            raise refuse(f"Unknown model {shown(model_text)}: it could not be loaded as a CogVideoX pipeline "
+                         f"({type(e).__name__}).", title="Unknown model") from None
         params = validate_request(info.limits, prompt, negative_prompt, seed, steps, frames, resolution, guidance)
-        preset = (preset or "").strip().lower()
+        preset = config_form.normal_preset(preset)
         over = config_form.overrides(self.config_cls, preset, self.specs, list(advanced), form_preset)
         config_form.build_config(self.config_cls, preset, over)  # validate now, before any work
 
@@ -293,6 +309,7 @@ class DemoController:
         cached = self.baselines.get(key)
         prog = Progress(params["steps"], need_baseline=cached is None)
         stop = self.jobs.start(session)
+        self._progress[session] = (prog, cached is not None)
         self.files.prune(keep=self.baselines.paths())
         n = params["steps"]
         base: RunResult | None = cached
@@ -336,9 +353,9 @@ class DemoController:
                     else:
                         yield self.out()
                 elif kind == "stopped":
+                    phase = "baseline" if ev.get("phase") == "baseline" else "sixbit"
                     yield self.out(status=status_html(
-                        "stopped", f"Stopped at step {ev.get('step', 0)}/{n} of the "
-                        f"{'baseline' if ev.get('phase') == 'baseline' else '6Bit'} run. Nothing was kept.", None))
+                        "stopped", stopped_text(phase, ev.get("step", 0), n, base is not None), None))
                     return
                 elif kind == "done" and ev["phase"] == "baseline":
                     prog.finished("baseline")
@@ -357,7 +374,8 @@ class DemoController:
                         raise RuntimeError("the job finished without a baseline")
                     rows = self.metrics_rows(base, six)
                     trace_path = self.files.new_path("trace", ".json")
-                    trace_path.write_text(json.dumps(trace, indent=1))
+                    trace_path.write_text(json.dumps(self.trace_file_dict(trace, info, ev.get("run"), base, six),
+                                                     indent=1))
                     total = (base.time_s if cached is None else 0.0) + six.time_s
                     yield self.out(
                         status=status_html("done", f"Done · 6Bit {six.time_s:.1f} s vs baseline {base.time_s:.1f} s"
@@ -370,7 +388,8 @@ class DemoController:
             if isinstance(e, gr.Error):
                 raise
             yield self.out(status=status_html("error", f"Failed: {type(e).__name__}: {e}", None))
-            raise gr.Error(f"Generation failed: {type(e).__name__}: {e}", title="Generation failed") from e
+            raise gr.Error(f"Generation failed: {type(e).__name__}: {html.escape(str(e), quote=False)}",
+                           title="Generation failed") from e
         finally:
             # Reached on success, on error, and when Gradio closes the generator (Stop / tab closed):
             # the job sees the flag at its next step and unwinds (hooks removed, nothing cached).
@@ -379,6 +398,17 @@ class DemoController:
                 job.close()
             self.jobs.finish(session, stop)
             self._last.pop(session, None)
+            self._progress.pop(session, None)
+
+    @staticmethod
+    def trace_file_dict(trace: dict, info: ModelInfo, run: dict | None, base: RunResult, six: RunResult) -> dict:
+        """trace.json: the engine's trace with the model named as users see it (the engine records its load
+        path, a path on this server), and the ``run`` section (sixbit.trace.run_record) with the digests of
+        both videos, so that a replay can be compared bit for bit."""
+        out = dict(trace, model=info.display_name)
+        if run is not None:
+            out["run"] = dict(run, outputs={"sixbit": digest(six.frames), "baseline": digest(base.frames)})
+        return out
 
     def _result(self, ev: dict, params: dict, stem: str) -> RunResult:
         frames = np.asarray(ev["frames"])

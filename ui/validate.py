@@ -14,6 +14,8 @@ weights. `ModelLimits.from_pipeline` reads sizes off a diffusers CogVideoX pipel
 
 from __future__ import annotations
 
+import html
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -24,6 +26,22 @@ MAX_PROMPT_CHARS = 2000
 MAX_STEPS = 100
 GUIDANCE_RANGE = (1.0, 20.0)
 SEED_MAX = 2**32 - 1
+
+LOG = logging.getLogger("sixbit.app")
+
+
+def shown(value, limit: int = 60) -> str:
+    """A user's value as a message may echo it: its repr, cut to ``limit`` characters and HTML-escaped
+    (Gradio renders error toasts as HTML, so ``<img src=x>`` typed by a user must arrive as text)."""
+    text = repr(value)
+    return html.escape(text if len(text) <= limit else text[: limit - 1] + "…", quote=False)
+
+
+def refuse(message: str, title: str = "Invalid input") -> gr.Error:
+    """The error of a refused input: one log line, no traceback (real failures keep theirs)."""
+    LOG.info("refused input: %s", message)
+    return gr.Error(message, title=title, print_exception=False)
+
 
 # A Hugging Face Hub repository id: "owner/name" — letters, digits, '-', '_', '.'; no path syntax.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -82,94 +100,112 @@ class ModelLimits:
         return out
 
 
-def _number(value, name: str) -> float:
+def _number(value, name: str, accepted: str) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise gr.Error(f"{name} is empty: enter a number.", title="Invalid input")
+        raise refuse(f"{name} is empty: enter {accepted}.")
+    if isinstance(value, bool):
+        raise refuse(f"{name} must be {accepted}, got {shown(value)}.")
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise gr.Error(f"{name} must be a number, got {value!r}.", title="Invalid input") from None
+        raise refuse(f"{name} must be a number ({accepted}), got {shown(value)}.") from None
     if not math.isfinite(x):
-        raise gr.Error(f"{name} must be a finite number, got {value!r}.", title="Invalid input")
+        raise refuse(f"{name} must be a finite number ({accepted}), got {shown(value)}.")
     return x
 
 
 def _integer(value, name: str, lo: int, hi: int) -> int:
-    x = _number(value, name)
+    accepted = f"a whole number between {lo} and {hi}"
+    x = _number(value, name, accepted)
     if x != int(x):
-        raise gr.Error(f"{name} must be a whole number, got {value!r}.", title="Invalid input")
+        raise refuse(f"{name} must be a whole number between {lo} and {hi}, got {shown(value)}.")
     if not lo <= x <= hi:
-        raise gr.Error(f"{name} must be between {lo} and {hi}, got {int(x)}.", title="Invalid input")
+        raise refuse(f"{name} must be between {lo} and {hi}, got {int(x)}.")
     return int(x)
+
+
+def size_rule(limits: ModelLimits) -> str:
+    """The sizes a model takes, in its own terms (for labels and messages)."""
+    g = limits.spatial_multiple
+    return (f"width x height, each a multiple of {g}, from {limits.min_side}x{limits.min_side} "
+            f"to {limits.max_width}x{limits.max_height}")
+
+
+def frame_rule(limits: ModelLimits) -> str:
+    choices = limits.frame_choices
+    listed = ", ".join(map(str, choices)) if len(choices) <= 8 else f"{choices[0]}, {choices[1]}, …, {choices[-1]}"
+    return f"{limits.frame_step}·k+1 frames up to {limits.max_frames} ({listed})"
 
 
 def parse_resolution(text, limits: ModelLimits) -> tuple[int, int]:
     """'WxH' (also 'W×H', 'W x H') → (width, height), checked against the model's grid and size."""
-    m = re.fullmatch(r"\s*(\d{1,5})\s*[x×X*]\s*(\d{1,5})\s*", str(text or ""))
+    def bad(reason: str) -> gr.Error:
+        return refuse(f"Resolution {shown(text)}: {reason}. This model takes {size_rule(limits)}.",
+                      title="Size the model cannot take")
+
+    m = re.fullmatch(r"\s*(\d{1,9})\s*[x×X*]\s*(\d{1,9})\s*", str(text or "")[:100])
     if not m:
-        raise gr.Error(f"Resolution must look like 128x128 (width x height), got {text!r}.",
-                       title="Invalid input")
+        raise bad("not of the form width x height")
     w, h = int(m.group(1)), int(m.group(2))
     g = limits.spatial_multiple
-    if w % g or h % g:
-        raise gr.Error(f"This model needs width and height that are multiples of {g}; got {w}x{h}.",
-                       title="Size the model cannot take")
-    if w < limits.min_side or h < limits.min_side:
-        raise gr.Error(f"The smallest size this model takes is {limits.min_side}x{limits.min_side}; got {w}x{h}.",
-                       title="Size the model cannot take")
     if w > limits.max_width or h > limits.max_height:
-        raise gr.Error(f"The largest size this model takes is {limits.max_width}x{limits.max_height} "
-                       f"(its native size); got {w}x{h}.", title="Size the model cannot take")
+        raise bad(f"the largest size this model takes is {limits.max_width}x{limits.max_height} (its native size)")
+    if w < limits.min_side or h < limits.min_side:
+        raise bad(f"the smallest size this model takes is {limits.min_side}x{limits.min_side}")
+    if w % g or h % g:
+        raise bad(f"width and height must be multiples of {g}")
     return w, h
 
 
 def validate_request(limits: ModelLimits, prompt, negative_prompt, seed, steps, frames, resolution,
                      guidance) -> dict:
     """Check every generation input; return the normalised settings or raise ``gr.Error``."""
-    prompt = (prompt or "").strip()
-    negative_prompt = (negative_prompt or "").strip()
+    texts = []
+    for name, text in (("Prompt", prompt), ("Negative prompt", negative_prompt)):
+        if text is not None and not isinstance(text, str):
+            raise refuse(f"{name} must be text, got {shown(text)}.")
+        texts.append((text or "").strip())
+    prompt, negative_prompt = texts
     if not prompt:
-        raise gr.Error("Please enter a prompt.", title="Invalid input")
+        raise refuse("Prompt is empty: please enter a prompt.")
     for name, text in (("Prompt", prompt), ("Negative prompt", negative_prompt)):
         if len(text) > MAX_PROMPT_CHARS:
-            raise gr.Error(f"{name} is too long: {len(text)} characters (limit {MAX_PROMPT_CHARS}).",
-                           title="Invalid input")
+            raise refuse(f"{name} is too long: {len(text)} characters (limit {MAX_PROMPT_CHARS}).")
         if text and limits.count_tokens is not None:
             n = limits.count_tokens(text)
             if n > limits.max_prompt_tokens:
-                raise gr.Error(f"{name} is too long for this model's text encoder: {n} tokens "
-                               f"(limit {limits.max_prompt_tokens}). Shorten it.", title="Invalid input")
+                raise refuse(f"{name} is too long for this model's text encoder: {n} tokens "
+                             f"(limit {limits.max_prompt_tokens}). Shorten it.")
     seed = _integer(seed, "Seed", 0, SEED_MAX)
     steps = _integer(steps, "Steps", 1, MAX_STEPS)
     frames = _integer(frames, "Frames", 1, 10**6)
     t = limits.frame_step
-    if (frames - 1) % t:
-        lo = (frames - 1) // t * t + 1
-        raise gr.Error(f"This model takes {t}·k+1 frames (…, {lo}, {lo + t}, …); got {frames}.",
-                       title="Size the model cannot take")
-    if frames > limits.max_frames:
-        raise gr.Error(f"This model takes at most {limits.max_frames} frames; got {frames}.",
-                       title="Size the model cannot take")
+    if (frames - 1) % t or frames > limits.max_frames:
+        raise refuse(f"Frames must be {frame_rule(limits)} for this model; got {frames}.",
+                     title="Size the model cannot take")
     width, height = parse_resolution(resolution, limits)
-    guidance = _number(guidance, "Guidance scale")
     lo, hi = GUIDANCE_RANGE
+    guidance = _number(guidance, "Guidance scale", f"a number between {lo:g} and {hi:g}")
     if not lo <= guidance <= hi:
-        raise gr.Error(f"Guidance scale must be between {lo:g} and {hi:g}, got {guidance:g}.",
-                       title="Invalid input")
+        raise refuse(f"Guidance scale must be between {lo:g} and {hi:g}, got {guidance:g}.")
     return dict(prompt=prompt, negative_prompt=negative_prompt, seed=seed, steps=steps, frames=frames,
                 width=width, height=height, guidance=float(guidance))
 
 
-def resolve_model_id(text, default_id: str, allow_hub: bool) -> str:
+def resolve_model_id(text, default_id: str, allow_hub: bool, served_name: str = "the embedded model") -> str:
     """The model a request may use: the server's configured model, or (only where the host has a
     network and the operator allows it) a Hub repository id. Local paths typed by users are refused,
-    so no user-supplied path is ever opened or served."""
+    so no user-supplied path is ever opened or served. Messages name the served model by
+    ``served_name``, never by its path on the server."""
+    if text is not None and not isinstance(text, str):
+        raise refuse(f"Model must be text, got {shown(text)}.", title="Unknown model")
     text = (text or "").strip()
-    if not text or text == default_id:
+    if not text or text == default_id or text == served_name:
         return default_id
     if not allow_hub:
-        raise gr.Error(f"Unknown model {text!r}: this server only serves {default_id!r}.", title="Unknown model")
+        raise refuse(f"Unknown model {shown(text)}: this server only serves {served_name}; leave the model "
+                     "field empty.", title="Unknown model")
     if not _HUB_ID.match(text) or ".." in text:
-        raise gr.Error(f"Unknown model {text!r}: enter a Hugging Face Hub id such as "
-                       "'THUDM/CogVideoX-2b' (local paths are not accepted).", title="Unknown model")
+        raise refuse(f"Unknown model {shown(text)}: enter a Hugging Face Hub id such as "
+                     "'THUDM/CogVideoX-2b' (local paths are not accepted).", title="Unknown model")
     return text
