@@ -1,0 +1,177 @@
+"""The peer arena's tables and Pareto chart, rendered from the result files alone.
+
+``python -m benchmarks.peers report`` reads ``benchmarks/results/peers_mini_<steps>.json`` (quality, CPU) and,
+when it exists, ``peers_speed_*.json`` (unit costs at CogVideoX sizes, GPU), and writes
+``peers_arena.md`` and ``peers_pareto.png``. Without GPU numbers the chart's x-axis is the fraction of block
+evaluations skipped on sixbit-mini (what the mini run measures), labelled as such; with them it is the
+estimated end-to-end (denoising loop) speed-up at 2B under the transfer protocol of ``peers_speed``, and a
+second panel shows the transformer's weight memory at 2B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _f(s: dict | None, digits: int = 2) -> str:
+    if not s or not s.get("n"):
+        return "—"
+    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+
+
+def _mb(b) -> str:
+    return "—" if b is None else f"{b / 2**20:.1f}"
+
+
+def quality_markdown(payload: dict) -> str:
+    g = payload["generation"]
+    env = payload["environment"]
+    md = [f"# Peer arena on sixbit-mini — {len(payload['prompts'])} prompts × {len(payload['seeds'])} seeds, "
+          f"{g['num_inference_steps']} steps", "",
+          "Mean ± standard deviation over prompts × seeds. PSNR / SSIM / flow error against the FP32 video of the "
+          "same prompt and seed; adherence = sixbit-mini's judge (%). *computed* = " + payload["counting"] + ". "
+          "*weights MB* = the transformer's parameter + buffer bytes as the row leaves it (torchao's packed "
+          "tensors counted by their inner storage; sixbit's from `handle.memory()`).", "",
+          "| row | PSNR dB ↑ | SSIM ↑ | flow err ↓ | adherence % | computed | weights MB | s / video |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in payload["rows"].values():
+        s = r["summary"]
+        if r.get("error") and not r.get("n"):
+            md.append(f"| {r['label']} | cannot run: {r['error'][:120]} | | | | | | |")
+            continue
+        md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['flow_error'], 3)} | "
+                  f"{_f(s['adherence'], 1)} | {_f(s['computed_fraction'])} | {_mb(r.get('weight_bytes'))} | "
+                  f"{_f(s['time_s'], 1)} |")
+    mag = payload.get("magcache_calibration")
+    md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in g.items()) + ".",
+           "MagCache ratios: " + (f"calibrated by its `calibrate=True` run on “{mag['prompt']}” (seed {mag['seed']}), "
+                                  "a prompt outside the evaluation set." if mag else "not calibrated (no MagCache row)."),
+           "", "- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
+           f"- command: `{env['command']}`", ""]
+    return "\n".join(md)
+
+
+# ------------------------------------------------------------------------------------------ speed + chart
+
+
+def estimate(row: dict, fam: dict, steps: int) -> dict[str, Any]:
+    """The transfer protocol (see benchmarks/peers_speed.py): a step costs the family's all-computed step time
+    minus, per unit the row did not compute on sixbit-mini (at the same relative step), the family's measured
+    saving per skipped unit."""
+    from benchmarks.peers_speed import resample
+
+    pattern = resample(row.get("per_step_computed") or [1.0] * steps, steps)
+    units = fam["units_full"]
+    t = [fam["t_full_s"] - fam["saving_per_unit_s"] * units * (1.0 - c) for c in pattern]
+    return {"denoise_s": sum(t), "step_s": t}
+
+
+def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
+    """Estimated denoising time, speed-up and memory of every quality row at ``size``."""
+    model = speed["models"].get(size)
+    if not model:
+        return {}
+    fams, steps = model["families"], speed["steps"]
+    base = fams.get("baseline")
+    out = {}
+    for name, r in quality["rows"].items():
+        fam = fams.get(r.get("family"))
+        if not fam or "error" in fam or not base or "error" in base:
+            continue
+        est = estimate(r, fam, steps)
+        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"],
+                     "peak_mem_bytes": fam.get("peak_mem_bytes"), "weight_bytes": fam.get("weight_bytes")}
+    return out
+
+
+def report(args) -> None:
+    out = Path(args.out)
+    qpaths = [Path(p) for p in args.quality] if args.quality else sorted(out.glob("peers_mini_*.json"))
+    qualities = {json.loads(p.read_text())["generation"]["num_inference_steps"]: json.loads(p.read_text())
+                 for p in qpaths}
+    spaths = [Path(args.speed)] if args.speed else sorted(out.glob("peers_speed_*.json"))
+    speed = json.loads(spaths[-1].read_text()) if spaths else None
+    if not qualities:
+        raise SystemExit(f"no peers_mini_*.json under {out}: run `python -m benchmarks.peers quality` first")
+    steps = 50 if 50 in qualities else max(qualities)
+    q = qualities[steps]
+    md = arena_markdown(qualities, speed)
+    (out / "peers_arena.md").write_text(md)
+    pareto_png(q, speed, out / "peers_pareto.png")
+    print(md)
+
+
+def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
+    md = ["# sixbit vs peers", ""]
+    for steps, q in sorted(qualities.items()):
+        est = speed_rows(q, speed) if speed else {}
+        md += [f"## sixbit-mini quality at {steps} steps" + (" and estimated CogVideoX-2B speed (H200)" if est else ""), "",
+               "| row | PSNR dB | SSIM | adherence % | computed | 2B speed-up (est.) | 2B peak GiB | 2B weights GiB |",
+               "|---|---|---|---|---|---|---|---|"]
+        for name, r in q["rows"].items():
+            s, e = r["summary"], est.get(name, {})
+            if not r.get("n"):
+                md.append(f"| {r['label']} | cannot run: {r.get('error', 'no result')[:100]} | | | | | | |")
+                continue
+            sp = f"{e['speedup']:.2f}×" if e else "—"
+            pk = f"{e['peak_mem_bytes'] / 2**30:.2f}" if e.get("peak_mem_bytes") else "—"
+            wb = f"{e['weight_bytes'] / 2**30:.2f}" if e.get("weight_bytes") else "—"
+            md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['adherence'], 1)} | "
+                      f"{_f(s['computed_fraction'])} | {sp} | {pk} | {wb} |")
+        md.append("")
+    if speed:
+        md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"], ""]
+    else:
+        md += ["No GPU result yet: run `python -m benchmarks.peers speed` on the H200, then `report`.", ""]
+    return "\n".join(md)
+
+
+def pareto_png(q: dict, speed: dict | None, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    est = speed_rows(q, speed) if speed else {}
+    fig, axes = plt.subplots(1, 2 if est else 1, figsize=(13 if est else 8, 5.5), squeeze=False)
+    ax = axes[0][0]
+    pts = []
+    for name, r in q["rows"].items():
+        if name == "baseline" or not r.get("n"):
+            continue
+        psnr = r["summary"]["psnr"]["mean"]
+        if not math.isfinite(psnr):
+            continue
+        x = est[name]["speedup"] if est else 1.0 - r["summary"]["computed_fraction"]["mean"]
+        if est and name not in est:
+            continue
+        pts.append((name, x, psnr))
+    for name, x, y in pts:
+        six = name.startswith("sixbit")
+        ax.scatter(x, y, s=70, marker="*" if six else "o", c="crimson" if six else "tab:blue", zorder=3)
+        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    steps = q["generation"]["num_inference_steps"]
+    ax.set_xlabel("estimated end-to-end (denoising loop) speed-up at CogVideoX-2B, H200" if est else
+                  "fraction of block evaluations skipped on sixbit-mini (attention calls not run) — not a speed-up")
+    ax.set_ylabel(f"PSNR vs FP32 on sixbit-mini, dB ({steps} steps)")
+    ax.set_title("sixbit vs peers: quality vs " + ("speed" if est else "skipped work"))
+    ax.grid(alpha=0.3)
+    if est:
+        ax2 = axes[0][1]
+        for name, x, _ in pts:
+            wb = est[name].get("weight_bytes")
+            if wb:
+                six = name.startswith("sixbit")
+                ax2.scatter(x, wb / 2**30, s=70, marker="*" if six else "o", c="crimson" if six else "tab:blue")
+                ax2.annotate(name, (x, wb / 2**30), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax2.set_xlabel("estimated speed-up at 2B")
+        ax2.set_ylabel("transformer weights on the device at 2B, GiB")
+        ax2.set_title("memory")
+        ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,235 @@
+"""The peer arena's GPU half: what a computed and a skipped unit cost at CogVideoX sizes, per tool.
+
+    python -m benchmarks.peers speed --sizes 2b --out $OUT          # H200: ~15 s per family at 2B
+    python -m benchmarks.peers speed --sizes tiny --device cpu      # smoke test of the code path
+
+Random weights make every cache's decisions meaningless, so no row decides at the big size. One transfer
+protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
+
+1. A *unit* is one block's attention for one CFG row — what :class:`~benchmarks.peers_rows.WorkCounter`
+   counts on sixbit-mini; a CFG-batched step that computes everything runs ``U_full = 2 × blocks`` units.
+2. Per tool (a *family*: a cache's threshold sweep shares its costs), at the big size: the tool with its knob
+   forced to compute every unit (``ctx.mode="compute"``), then forced to skip every unit it can
+   (``"skip"``). Each mode: one untimed call of ``--timed-steps`` steps (warms every kernel that mode runs,
+   Triton compiles and torch.compile included), then a timed call of the same length with a synchronizing
+   step callback (per-step times) and the counter. ``T_full`` = median step time of the compute call;
+   ``T_skip`` = median over the skip call's steps that ran its minimum ``U_skip`` units;
+   ``saving per unit = (T_full − T_skip) / (U_full − U_skip)``.
+3. A row's estimated 50-step denoising loop = Σ_t [T_full − saving × U_full × (1 − c_t)], with c_t the row's
+   mean computed fraction at the same relative step on sixbit-mini (``per_step_computed`` of
+   ``peers_mini_<steps>.json``, from the 50-step run when there is one). The baseline is 50 × T_full of the
+   bf16 diffusers row; speed-up = baseline / estimate. Rows without a cache: 50 × their T_full.
+
+sixbit's forced modes are skip schedules (all computed, with the routes recorded on sixbit-mini for DMPQ
+rows; all skipped), replayed through ``sixbit.apply(..., schedule=...)``. The denoising loop is timed with
+``output_type="latent"`` and precomputed random prompt embeddings (the text encoder is not the subject).
+Results: ``peers_speed_<device>.{json,md}``; one JSON per size × family under ``--run-dir`` is reused on a
+re-run, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, module_bytes
+
+PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the mini run); per tool at the big "
+            "size, its knob forced to compute every unit and to skip every unit it can, each mode warmed by an "
+            "identical untimed call; saving per skipped unit = (T_full − T_skip) / (U_full − U_skip) from median "
+            "step times; a row's 50-step loop = Σ_t T_full − saving · U_full · (1 − c_t) with c_t its computed "
+            "fraction at the same relative step on sixbit-mini; speed-up vs 50 × T_full of the bf16 baseline.")
+
+#: one representative row per family (its documented setting); the order the GPU run takes them in
+DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache_ts",
+                    "torchao_int8", "torchao_fp8", "sage", "stack_fbc_int8", "stack_dbcache_int8",
+                    "stack_fbc_fp8_sage", "sixbit_tdc_only", "sixbit_full", "sixbit_full_w8a8", "sixbit_w8a8_tdc",
+                    "sixbit_aggressive", "torchao_fp8_compile")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--sizes", nargs="+", default=["2b"], choices=["tiny", "2b", "5b"])
+    p.add_argument("--families", nargs="*", default=None, help=f"default: {' '.join(DEFAULT_FAMILIES)}")
+    p.add_argument("--steps", type=int, default=50, help="steps of the estimated denoising loop")
+    p.add_argument("--timed-steps", type=int, default=5, help="steps per timed call (and per warm-up call)")
+    p.add_argument("--frames", type=int, default=49)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=720)
+    p.add_argument("--quality", default=None, help="peers_mini_<steps>.json holding sixbit's recorded schedules")
+    p.add_argument("--device", default=None)
+    p.add_argument("--run-dir", default=None, help="per size × family JSON cache (default: $TMPDIR/sixbit-peers/speed)")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--name", default=None)
+
+
+def resample(pattern: list[float], steps: int) -> list[float]:
+    """Nearest-neighbour resampling of a per-step pattern to ``steps`` steps (same relative position)."""
+    n = len(pattern)
+    return [pattern[min(n - 1, int((t + 0.5) * n / steps))] for t in range(steps)]
+
+
+def family_row(family: str):
+    return next(r for r in ROWS.values() if r.family == family)
+
+
+def _call(pipe, size: str, args, device, dtype) -> dict:
+    tr = pipe.transformer.config
+    if size == "tiny":
+        h, w, f, seq = 64, 64, 9, tr.max_text_seq_length
+    else:
+        h, w, f, seq = args.height, args.width, args.frames, 226
+    g = torch.Generator("cpu").manual_seed(0)
+    emb = [torch.randn(1, seq, tr.text_embed_dim, generator=g).to(device, dtype) for _ in range(2)]
+    return dict(prompt_embeds=emb[0], negative_prompt_embeds=emb[1], height=h, width=w, num_frames=f,
+                guidance_scale=6.0, output_type="latent")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]]:
+    marks: list[float] = []
+
+    def cb(p, i, t, kw):
+        _sync(device)
+        marks.append(time.perf_counter())
+        return {}
+
+    with WorkCounter(pipe.transformer) as wc:
+        _sync(device)
+        t0 = time.perf_counter()
+        pipe(**call, num_inference_steps=steps, generator=torch.Generator("cpu").manual_seed(0), callback_on_step_end=cb)
+    edges = [t0, *marks]
+    return [b - a for a, b in zip(edges, edges[1:])], [sum(s) for s in wc.steps]
+
+
+def measure_family(family: str, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
+    from sixbit.bench import random_cogvideox
+
+    row = family_row(family)
+    modes = ("compute", "skip") if row.caching else (None,)
+    entry: dict[str, Any] = {"row": row.name, "label": row.label, "caching": row.caching, "modes": {}}
+    for mode in modes:
+        pipe = random_cogvideox(size, device, dtype, text_encoder=False)
+        call = _call(pipe, size, args, device, dtype)
+        nb = len(pipe.transformer.transformer_blocks)
+        ctx = Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb)
+        undo = row.apply(pipe, ctx)
+        try:
+            handle = getattr(pipe, "_peers_sixbit", None)
+            entry["weight_bytes"] = (_sixbit_weight_bytes(handle, pipe.transformer) if handle is not None
+                                     else module_bytes(pipe.transformer))
+            _timed(pipe, call, args.timed_steps, device)  # warm-up: the same call, untimed
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            step_s, units = _timed(pipe, call, args.timed_steps, device)
+            rec = {"step_s": step_s, "units": units}
+            if device.type == "cuda":
+                rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+            entry["modes"][str(mode)] = rec
+        finally:
+            undo()
+            del pipe
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    full = entry["modes"]["compute" if row.caching else "None"]
+    entry["units_full"] = int(statistics.median(full["units"]))
+    entry["t_full_s"] = statistics.median(full["step_s"][1:] or full["step_s"])
+    entry["saving_per_unit_s"] = 0.0
+    if row.caching:
+        sk = entry["modes"]["skip"]
+        u_min = min(sk["units"][1:] or sk["units"])
+        entry["units_skip"] = u_min
+        entry["t_skip_s"] = statistics.median([t for t, u in zip(sk["step_s"], sk["units"]) if u == u_min])
+        if entry["units_full"] > u_min:
+            entry["saving_per_unit_s"] = (entry["t_full_s"] - entry["t_skip_s"]) / (entry["units_full"] - u_min)
+    peaks = [m["peak_mem_bytes"] for m in entry["modes"].values() if "peak_mem_bytes" in m]
+    if peaks:
+        entry["peak_mem_bytes"] = max(peaks)
+    return entry
+
+
+def _sixbit_weight_bytes(handle, transformer) -> int:
+    mem = handle.memory()
+    buffers = sum(b.numel() * b.element_size() for b in transformer.buffers())
+    return int(mem["packed_bytes"] + mem["fp_bytes_on_device"] + mem["other_transformer_bytes"] + buffers)
+
+
+def _schedules(path: str | None) -> dict:
+    results = Path(__file__).resolve().parent / "results"
+    cands = [Path(path)] if path else [results / "peers_mini_50.json", results / "peers_mini_20.json"]
+    for p in cands:
+        if p.exists():
+            rows = json.loads(p.read_text())["rows"]
+            return {n: r["schedule"] for n, r in rows.items() if r.get("schedule")}
+    return {}
+
+
+def speed(args) -> dict:
+    from benchmarks.peers import environment
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    families = args.families or [f for f in DEFAULT_FAMILIES if device.type == "cuda" or not family_row(f).gpu_only]
+    run = Path(args.run_dir or Path(tempfile.gettempdir()) / "sixbit-peers" / "speed")
+    run.mkdir(parents=True, exist_ok=True)
+    schedules = _schedules(args.quality)
+    results: dict[str, Any] = {"benchmark": "peers_speed", "environment": environment(device), "protocol": PROTOCOL,
+                               "steps": args.steps, "timed_steps": args.timed_steps, "models": {}}
+    name = args.name or f"peers_speed_{'h200' if 'H200' in results['environment'].get('gpu', '') else device.type}"
+    for size in args.sizes:
+        model = results["models"].setdefault(size, {"families": {}})
+        for fam in families:
+            cache = run / f"{size}__{fam}.json"
+            if cache.exists():
+                entry = json.loads(cache.read_text())
+            else:
+                t0 = time.perf_counter()
+                try:
+                    entry = measure_family(fam, size, args, device, dtype, schedules)
+                except Exception as e:  # a tool that cannot run here: its one-line reason
+                    import traceback
+
+                    entry = {"row": family_row(fam).name, "error": f"{type(e).__name__}: {e}"[:300],
+                             "traceback": traceback.format_exc()[-2000:]}
+                entry["wall_s"] = time.perf_counter() - t0
+                cache.write_text(json.dumps(entry))
+            model["families"][fam] = entry
+            print(f"[peers speed {size}] {fam}: " + json.dumps({k: entry.get(k) for k in (
+                "t_full_s", "t_skip_s", "units_full", "units_skip", "saving_per_unit_s", "peak_mem_bytes", "error")}),
+                flush=True)
+            _write(results, Path(args.out), name)
+    return results
+
+
+def _write(results: dict, out: Path, name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    env = results["environment"]
+    md = ["# Peer arena: unit costs at CogVideoX sizes (random weights)", "", "Protocol: " + results["protocol"], "",
+          f"Timed calls of {results['timed_steps']} steps after an identical warm-up call.", ""]
+    for size, m in results["models"].items():
+        md += [f"## {size}", "", "| family (row) | T_full ms | T_skip ms | U_full | U_skip | saving/unit ms | "
+               "peak GiB | weights GiB |", "|---|---|---|---|---|---|---|---|"]
+        for fam, e in m["families"].items():
+            if "error" in e:
+                md.append(f"| {fam} ({e['row']}) | cannot run: {e['error'][:150]} | | | | | | |")
+                continue
+            md.append(f"| {fam} ({e['row']}) | {e['t_full_s'] * 1e3:.0f} | "
+                      f"{e['t_skip_s'] * 1e3:.0f} | " if "t_skip_s" in e else
+                      f"| {fam} ({e['row']}) | {e['t_full_s'] * 1e3:.0f} | — | ")
+            md[-1] += (f"{e['units_full']} | {e.get('units_skip', '—')} | {e['saving_per_unit_s'] * 1e3:.2f} | "
+                       f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['weight_bytes'] / 2**30:.2f} |")
+        md.append("")
+    md += ["- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
+           f"- command: `{env['command']}`", ""]
+    (out / f"{name}.md").write_text("\n".join(md))
