@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, module_bytes
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, weight_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("psnr", "ssim", "flow_error", "adherence", "computed_fraction", "time_s")
@@ -64,14 +64,6 @@ def environment(device="cpu") -> dict[str, Any]:
 
 def _uint8(video: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(np.asarray(video, np.float64) * 255.0), 0, 255).astype(np.uint8)
-
-
-def _sixbit_bytes(handle, transformer) -> int:
-    """Transformer weight bytes under sixbit: packed weights + originals kept on the device + the layers it
-    leaves alone + buffers (``handle.memory()``)."""
-    mem = handle.memory()
-    buffers = sum(b.numel() * b.element_size() for b in transformer.buffers())
-    return int(mem["packed_bytes"] + mem["fp_bytes_on_device"] + mem["other_transformer_bytes"] + buffers)
 
 
 def quality(args) -> dict:
@@ -117,7 +109,7 @@ def quality(args) -> dict:
         row = ROWS[name]
         todo = [(pi, s) for pi in range(len(prompts)) for s in seeds if not (run / f"{name}__{pi}_{s}.json").exists()]
         done += len(prompts) * len(seeds) - len(todo)
-        if not todo:
+        if not todo and (run / f"row__{name}.json").exists():
             continue
         pipe = fresh()
         ctx = Ctx(args.steps, device, mag_ratios=mag and mag["ratios"], num_blocks=len(pipe.transformer.transformer_blocks))
@@ -127,8 +119,7 @@ def quality(args) -> dict:
         try:
             undo = row.apply(pipe, ctx)
             handle = getattr(pipe, "_peers_sixbit", None)
-            meta["weight_bytes"] = (_sixbit_bytes(handle, pipe.transformer) if handle is not None
-                                    else module_bytes(pipe.transformer))
+            meta["weight_bytes"] = weight_bytes(pipe)
             for pi, seed in todo:
                 video, wc, wall = generate(pipe, prompts[pi], seed)
                 rec: dict[str, Any] = {"row": name, "prompt": prompts[pi], "seed": seed, "time_s": wall,
@@ -164,10 +155,14 @@ def quality(args) -> dict:
 
 
 def _stats(values) -> dict[str, float]:
+    """Mean, spread and count of the finite values; ``n_inf`` counts the infinite ones (PSNR of a video
+    identical to its reference), which the mean leaves out."""
+    n_inf = sum(1 for x in values if x is not None and math.isinf(x))
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
     if v.size == 0:
-        return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size)}
+        return {"mean": float("nan"), "std": float("nan"), "n": 0, "n_inf": n_inf}
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size),
+            "n_inf": n_inf}
 
 
 def summarize(run: Path, args, names, prompts, seeds, gen, mag) -> dict:

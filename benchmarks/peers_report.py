@@ -17,9 +17,12 @@ from typing import Any
 
 
 def _f(s: dict | None, digits: int = 2) -> str:
+    if s and not s.get("n") and s.get("n_inf"):
+        return "∞ (identical)"
     if not s or not s.get("n"):
         return "—"
-    return f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+    text = f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+    return text + (f" (+{s['n_inf']} identical)" if s.get("n_inf") else "")
 
 
 def _mb(b) -> str:
@@ -69,21 +72,38 @@ def estimate(row: dict, fam: dict, steps: int) -> dict[str, Any]:
     return {"denoise_s": sum(t), "step_s": t}
 
 
+#: GPU-only caching rows (no sixbit-mini quality: the mini runs on the CPU) borrow the work pattern of the
+#: CPU row with the same cache on the same kind of quantized model
+PATTERN_FROM = {"stack_fbc_fp8_sage": "stack_fbc_int8"}
+
+
 def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
-    """Estimated denoising time, speed-up and memory of every quality row at ``size``."""
+    """Estimated denoising time, speed-up and memory at ``size`` of every quality row and of every GPU-only
+    row the speed run measured (those carry ``"gpu_only": True`` and no quality)."""
+    from benchmarks.peers_rows import ROWS
+
     model = speed["models"].get(size)
     if not model:
         return {}
     fams, steps = model["families"], speed["steps"]
     base = fams.get("baseline")
+    if not base or "error" in base:
+        return {}
+    rows = dict(quality["rows"])
+    for name, row in ROWS.items():
+        if row.gpu_only and name not in rows:
+            src = rows.get(PATTERN_FROM.get(name, ""), {})
+            rows[name] = {"family": row.family, "label": row.label, "gpu_only": True,
+                          "per_step_computed": src.get("per_step_computed") if row.caching else None}
     out = {}
-    for name, r in quality["rows"].items():
+    for name, r in rows.items():
         fam = fams.get(r.get("family"))
-        if not fam or "error" in fam or not base or "error" in base:
+        if not fam or "error" in fam or (r.get("gpu_only") and ROWS[name].caching and not r["per_step_computed"]):
             continue
         est = estimate(r, fam, steps)
-        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"],
-                     "peak_mem_bytes": fam.get("peak_mem_bytes"), "weight_bytes": fam.get("weight_bytes")}
+        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"], "label": r["label"],
+                     "gpu_only": bool(r.get("gpu_only")), "peak_mem_bytes": fam.get("peak_mem_bytes"),
+                     "weight_bytes": fam.get("weight_bytes")}
     return out
 
 
@@ -96,8 +116,9 @@ def report(args) -> None:
     speed = json.loads(spaths[-1].read_text()) if spaths else None
     if not qualities:
         raise SystemExit(f"no peers_mini_*.json under {out}: run `python -m benchmarks.peers quality` first")
-    steps = 50 if 50 in qualities else max(qualities)
-    q = qualities[steps]
+    # the chart: the run with the most rows (20 steps: every row, more prompts); its per-step patterns are
+    # resampled to the speed run's 50 steps
+    q = max(qualities.values(), key=lambda d: (len(d["rows"]), -d["generation"]["num_inference_steps"]))
     md = arena_markdown(qualities, speed)
     (out / "peers_arena.md").write_text(md)
     pareto_png(q, speed, out / "peers_pareto.png")
@@ -121,6 +142,10 @@ def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
             wb = f"{e['weight_bytes'] / 2**30:.2f}" if e.get("weight_bytes") else "—"
             md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['adherence'], 1)} | "
                       f"{_f(s['computed_fraction'])} | {sp} | {pk} | {wb} |")
+        for e in (e for e in est.values() if e["gpu_only"]):
+            pk = f"{e['peak_mem_bytes'] / 2**30:.2f}" if e.get("peak_mem_bytes") else "—"
+            md.append(f"| {e['label']} (GPU only: no sixbit-mini quality) | — | — | — | — | {e['speedup']:.2f}× | {pk} | "
+                      f"{e['weight_bytes'] / 2**30:.2f} |")
         md.append("")
     if speed:
         md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"], ""]
@@ -129,48 +154,63 @@ def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
     return "\n".join(md)
 
 
+#: marker per kind of row: sixbit; caches that skip whole blocks; caches that skip attention only (their MLPs
+#: still run, so a skipped unit saves less); quantization without a cache
+_ATTENTION_ONLY = ("pab", "fastercache")
+
+
+def _style(name: str) -> dict:
+    from benchmarks.peers_rows import ROWS
+
+    row = ROWS[name]
+    if name.startswith("sixbit"):
+        return dict(s=110, marker="*", c="crimson", zorder=4)
+    if row.family in _ATTENTION_ONLY:
+        return dict(s=45, marker="^", c="tab:green", zorder=3)
+    if not row.caching:
+        return dict(s=45, marker="s", c="tab:purple", zorder=3)
+    return dict(s=45, marker="o", c="tab:blue", zorder=3)
+
+
 def pareto_png(q: dict, speed: dict | None, path: Path) -> Path:
+    """Quality (PSNR on sixbit-mini) against estimated 2B speed-up, with a memory panel (2B weights); without
+    GPU numbers, against the fraction of block evaluations skipped on sixbit-mini, with the mini's weights."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     est = speed_rows(q, speed) if speed else {}
-    fig, axes = plt.subplots(1, 2 if est else 1, figsize=(13 if est else 8, 5.5), squeeze=False)
-    ax = axes[0][0]
-    pts = []
+    pts = []  # (name, x, psnr, weight bytes)
     for name, r in q["rows"].items():
-        if name == "baseline" or not r.get("n"):
+        psnr = r["summary"]["psnr"]["mean"] if r.get("n") else float("nan")
+        if name == "baseline" or not math.isfinite(psnr) or (est and name not in est):
             continue
-        psnr = r["summary"]["psnr"]["mean"]
-        if not math.isfinite(psnr):
-            continue
-        x = est[name]["speedup"] if est else 1.0 - r["summary"]["computed_fraction"]["mean"]
-        if est and name not in est:
-            continue
-        pts.append((name, x, psnr))
-    for name, x, y in pts:
-        six = name.startswith("sixbit")
-        ax.scatter(x, y, s=70, marker="*" if six else "o", c="crimson" if six else "tab:blue", zorder=3)
-        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if est:
+            pts.append((name, est[name]["speedup"], psnr, est[name].get("weight_bytes")))
+        else:
+            pts.append((name, 1.0 - r["summary"]["computed_fraction"]["mean"], psnr, r.get("weight_bytes")))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 6))
     steps = q["generation"]["num_inference_steps"]
-    ax.set_xlabel("estimated end-to-end (denoising loop) speed-up at CogVideoX-2B, H200" if est else
-                  "fraction of block evaluations skipped on sixbit-mini (attention calls not run) — not a speed-up")
-    ax.set_ylabel(f"PSNR vs FP32 on sixbit-mini, dB ({steps} steps)")
-    ax.set_title("sixbit vs peers: quality vs " + ("speed" if est else "skipped work"))
-    ax.grid(alpha=0.3)
-    if est:
-        ax2 = axes[0][1]
-        for name, x, _ in pts:
-            wb = est[name].get("weight_bytes")
-            if wb:
-                six = name.startswith("sixbit")
-                ax2.scatter(x, wb / 2**30, s=70, marker="*" if six else "o", c="crimson" if six else "tab:blue")
-                ax2.annotate(name, (x, wb / 2**30), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax2.set_xlabel("estimated speed-up at 2B")
-        ax2.set_ylabel("transformer weights on the device at 2B, GiB")
-        ax2.set_title("memory")
-        ax2.grid(alpha=0.3)
+    for name, x, y, wb in pts:
+        style = _style(name)
+        ax.scatter(x, y, **style)
+        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if wb:
+            ax2.scatter(x, wb / 2**20, **style)
+            ax2.annotate(name, (x, wb / 2**20), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    xlabel = ("estimated end-to-end (denoising loop) speed-up at CogVideoX-2B, H200, 50 steps" if est else
+              "fraction of block evaluations skipped on sixbit-mini (attention rows not run) — NOT a speed-up")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"PSNR vs the FP32 video on sixbit-mini, dB ({steps} steps, mean of {q['rows']['baseline']['n']} videos)")
+    ax.set_title("sixbit (red ★) vs peers — ● block caches, ▲ attention-only caches, ■ quantization\n"
+                 "quality vs " + ("estimated 2B speed-up" if est else "skipped work"), fontsize=10)
+    ax2.set_xlabel(xlabel.split(" — ")[0])
+    ax2.set_ylabel("transformer weights at CogVideoX-2B, MiB" if est else
+                   "transformer weights of sixbit-mini (an FP32 model), MiB")
+    ax2.set_title("memory (weights the transformer keeps resident)")
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -143,6 +143,17 @@ def module_bytes(module: torch.nn.Module) -> int:
     return total
 
 
+def weight_bytes(pipe) -> int:
+    """The transformer's weight bytes as a row leaves it: for sixbit, packed weights + originals kept on the
+    device + the layers it leaves alone + buffers (``handle.memory()``); otherwise :func:`module_bytes`."""
+    handle = getattr(pipe, "_peers_sixbit", None)
+    if handle is None:
+        return module_bytes(pipe.transformer)
+    mem = handle.memory()
+    buffers = sum(b.numel() * b.element_size() for b in pipe.transformer.buffers())
+    return int(mem["packed_bytes"] + mem["fp_bytes_on_device"] + mem["other_transformer_bytes"] + buffers)
+
+
 # ------------------------------------------------------------------------------------- diffusers caches
 
 
@@ -296,7 +307,10 @@ def sage(pipe, ctx: Ctx):
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
         if attn_mask is not None or dropout_p or q.device.type != "cuda":
             return orig(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
-        return sageattn(q, k, v, tensor_layout="HND", is_causal=is_causal)
+        if q.dtype in (torch.float16, torch.bfloat16):
+            return sageattn(q, k, v, tensor_layout="HND", is_causal=is_causal)
+        lo = [t.to(torch.bfloat16) for t in (q, k, v)]  # sageattn takes fp16/bf16 only
+        return sageattn(*lo, tensor_layout="HND", is_causal=is_causal).to(q.dtype)
 
     F.scaled_dot_product_attention = sdpa
 
@@ -373,6 +387,9 @@ def build_rows() -> list[Row]:
         # MagCache: documented threshold 0.06 / K=3 / retention 0.2 with calibrated ratios, sweep of threshold
         *[R(f"magcache_{t:g}", "magcache", f"diffusers MagCache threshold={t:g} (calibrated)", magcache(t),
             settings={"threshold": t, "max_skip_steps": 3, "retention_ratio": 0.2}) for t in (0.06, 0.12, 0.24)],
+        # on sixbit-mini the threshold saturates at max_skip_steps=3 (0.12 and 0.24 skip alike): one row with K=6
+        R("magcache_0.24_k6", "magcache", "diffusers MagCache threshold=0.24, max_skip_steps=6 (calibrated)",
+          magcache(0.24, max_skip=6), settings={"threshold": 0.24, "max_skip_steps": 6, "retention_ratio": 0.2}),
         # FasterCache: diffusers' CogVideoX example, sweep of the attention skip range
         *[R(f"fastercache_r{r}", "fastercache", f"diffusers FasterCache attention skip range {r}", faster_cache(r),
             settings={"spatial_attention_block_skip_range": r, "unconditional_batch_skip_range": 5}) for r in (2, 3)],

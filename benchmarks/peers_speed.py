@@ -1,6 +1,6 @@
 """The peer arena's GPU half: what a computed and a skipped unit cost at CogVideoX sizes, per tool.
 
-    python -m benchmarks.peers speed --sizes 2b --out $OUT          # H200: ~15 s per family at 2B
+    python -m benchmarks.peers speed --sizes 2b --out $OUT          # H200: ~15 s per family at 2B, ~5 min for all
     python -m benchmarks.peers speed --sizes tiny --device cpu      # smoke test of the code path
 
 Random weights make every cache's decisions meaningless, so no row decides at the big size. One transfer
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, module_bytes
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, weight_bytes
 
 PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the mini run); per tool at the big "
             "size, its knob forced to compute every unit and to skip every unit it can, each mode warmed by an "
@@ -57,7 +57,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", nargs="+", default=["2b"], choices=["tiny", "2b", "5b"])
     p.add_argument("--families", nargs="*", default=None, help=f"default: {' '.join(DEFAULT_FAMILIES)}")
     p.add_argument("--steps", type=int, default=50, help="steps of the estimated denoising loop")
-    p.add_argument("--timed-steps", type=int, default=5, help="steps per timed call (and per warm-up call)")
+    p.add_argument("--timed-steps", type=int, default=4, help="steps per timed call (and per warm-up call)")
     p.add_argument("--frames", type=int, default=49)
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=720)
@@ -111,36 +111,40 @@ def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]
     return [b - a for a, b in zip(edges, edges[1:])], [sum(s) for s in wc.steps]
 
 
-def measure_family(family: str, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
+def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
+    """One forced mode of one row on a fresh random-weight pipeline: warm-up call, then the timed call."""
     from sixbit.bench import random_cogvideox
+
+    pipe = random_cogvideox(size, device, dtype, text_encoder=False)
+    call = _call(pipe, size, args, device, dtype)
+    nb = len(pipe.transformer.transformer_blocks)
+    undo = row.apply(pipe, Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb))
+    try:
+        rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
+        _timed(pipe, call, args.timed_steps, device)  # warm-up: the same call, untimed
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device)
+        if device.type == "cuda":
+            rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        return rec
+    finally:
+        undo()
+
+
+def measure_family(family: str, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
+    import gc
 
     row = family_row(family)
     modes = ("compute", "skip") if row.caching else (None,)
     entry: dict[str, Any] = {"row": row.name, "label": row.label, "caching": row.caching, "modes": {}}
     for mode in modes:
-        pipe = random_cogvideox(size, device, dtype, text_encoder=False)
-        call = _call(pipe, size, args, device, dtype)
-        nb = len(pipe.transformer.transformer_blocks)
-        ctx = Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb)
-        undo = row.apply(pipe, ctx)
-        try:
-            handle = getattr(pipe, "_peers_sixbit", None)
-            entry["weight_bytes"] = (_sixbit_weight_bytes(handle, pipe.transformer) if handle is not None
-                                     else module_bytes(pipe.transformer))
-            _timed(pipe, call, args.timed_steps, device)  # warm-up: the same call, untimed
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
-            step_s, units = _timed(pipe, call, args.timed_steps, device)
-            rec = {"step_s": step_s, "units": units}
-            if device.type == "cuda":
-                rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
-            entry["modes"][str(mode)] = rec
-        finally:
-            undo()
-            del pipe
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        gc.collect()  # the previous mode's pipeline must be gone before this one is built (peak memory)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        entry["modes"][str(mode)] = rec = _measure_mode(row, mode, size, args, device, dtype, schedules)
+        entry["weight_bytes"] = rec.pop("weight_bytes")
     full = entry["modes"]["compute" if row.caching else "None"]
     entry["units_full"] = int(statistics.median(full["units"]))
     entry["t_full_s"] = statistics.median(full["step_s"][1:] or full["step_s"])
@@ -156,12 +160,6 @@ def measure_family(family: str, size: str, args, device, dtype, schedules: dict)
     if peaks:
         entry["peak_mem_bytes"] = max(peaks)
     return entry
-
-
-def _sixbit_weight_bytes(handle, transformer) -> int:
-    mem = handle.memory()
-    buffers = sum(b.numel() * b.element_size() for b in transformer.buffers())
-    return int(mem["packed_bytes"] + mem["fp_bytes_on_device"] + mem["other_transformer_bytes"] + buffers)
 
 
 def _schedules(path: str | None) -> dict:

@@ -127,3 +127,30 @@ def test_quality_markdown_names_rows_and_failures():
                         "b": {"label": "B row", "n": 0, "error": "ImportError: no sageattention", "summary": {}}}}
     md = quality_markdown(payload)
     assert "| A row | 1.00 ± 0.00" in md and "cannot run: ImportError: no sageattention" in md and "`cmd`" in md
+
+
+def test_sixbit_forced_modes_replay_schedules():
+    """The GPU half's sixbit modes: all computed with the routes recorded on another model (resampled to this
+    depth and step count), or all skipped after the first step."""
+    import sixbit
+
+    rec_pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    handle = sixbit.apply(rec_pipe, sixbit.SixBitConfig.preset("full"))
+    try:
+        _run(rec_pipe)
+        recorded = handle.trace.skip_schedule().to_dict()
+    finally:
+        handle.remove()
+    assert recorded.get("routes")
+    for mode, expect in (("compute", 1.0), ("skip", 1.0 / STEPS)):
+        pipe = tiny_cogvideox_pipeline(num_layers=LAYERS + 1)
+        undo = ROWS["sixbit_full"].apply(pipe, Ctx(STEPS, torch.device("cpu"), mode=mode, schedule=recorded,
+                                                   num_blocks=LAYERS + 1))
+        try:
+            _, wc = _run(pipe)
+            modes = {b["mode"] for st in pipe._peers_sixbit.trace.steps for br in st.branches.values()
+                     for b in br.blocks if b}
+        finally:
+            undo()
+        assert wc.fraction() == pytest.approx(expect), mode
+        assert ("replay" in modes) == (mode == "compute"), modes
