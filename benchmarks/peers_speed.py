@@ -222,11 +222,10 @@ def _write(results: dict, out: Path, name: str) -> None:
             if "error" in e:
                 md.append(f"| {fam} ({e['row']}) | cannot run: {e['error'][:150]} | | | | | | |")
                 continue
-            md.append(f"| {fam} ({e['row']}) | {e['t_full_s'] * 1e3:.0f} | "
-                      f"{e['t_skip_s'] * 1e3:.0f} | " if "t_skip_s" in e else
-                      f"| {fam} ({e['row']}) | {e['t_full_s'] * 1e3:.0f} | — | ")
-            md[-1] += (f"{e['units_full']} | {e.get('units_skip', '—')} | {e['saving_per_unit_s'] * 1e3:.2f} | "
-                       f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['weight_bytes'] / 2**30:.2f} |")
+            skip = f"{e['t_skip_s'] * 1e3:.0f}" if "t_skip_s" in e else "—"
+            md.append(f"| {fam} ({e['row']}) | {e['t_full_s'] * 1e3:.0f} | {skip} | {e['units_full']} | "
+                      f"{e.get('units_skip', '—')} | {e['saving_per_unit_s'] * 1e3:.2f} | "
+                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['weight_bytes'] / 2**30:.2f} |")
         md.append("")
     md += ["- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
            f"- command: `{env['command']}`", ""]

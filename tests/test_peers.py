@@ -154,3 +154,19 @@ def test_sixbit_forced_modes_replay_schedules():
             undo()
         assert wc.fraction() == pytest.approx(expect), mode
         assert ("replay" in modes) == (mode == "compute"), modes
+
+
+def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):
+    """The GPU half's code path on the CPU: forced modes, warm-up + timed calls, counts, result files."""
+    import json
+
+    from benchmarks.peers import main
+
+    main(["speed", "--sizes", "tiny", "--device", "cpu", "--families", "baseline", "fbc", "--timed-steps", "3",
+          "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path), "--name", "smoke"])
+    res = json.loads((tmp_path / "smoke.json").read_text())
+    fams = res["models"]["tiny"]["families"]
+    assert fams["baseline"]["units_full"] == 6 and "t_skip_s" not in fams["baseline"]
+    assert fams["fbc"]["units_skip"] == 2 < fams["fbc"]["units_full"] == 6  # only the first block computed
+    assert len(fams["fbc"]["modes"]["skip"]["step_s"]) == 3 and res["protocol"]
+    assert "| fbc (fbc_0.05) |" in (tmp_path / "smoke.md").read_text()
