@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="tables and the Pareto chart from the result files")
     r.add_argument("--quality", nargs="*", default=None, help="peers_mini_*.json (default: all in results)")
     r.add_argument("--speed", default=None, help="peers_speed_*.json (default: the newest in results)")
+    r.add_argument("--size", default="2b", help="which size of the speed file the chart uses")
     r.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     if args.cmd == "quality":

@@ -119,18 +119,19 @@ def report(args) -> None:
     # the chart: the run with the most rows (20 steps: every row, more prompts); its per-step patterns are
     # resampled to the speed run's 50 steps
     q = max(qualities.values(), key=lambda d: (len(d["rows"]), -d["generation"]["num_inference_steps"]))
-    md = arena_markdown(qualities, speed)
+    md = arena_markdown(qualities, speed, args.size)
     (out / "peers_arena.md").write_text(md)
-    pareto_png(q, speed, out / "peers_pareto.png")
+    pareto_png(q, speed, out / "peers_pareto.png", args.size)
     print(md)
 
 
-def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
+def arena_markdown(qualities: dict[int, dict], speed: dict | None, size: str = "2b") -> str:
     md = ["# sixbit vs peers", ""]
     for steps, q in sorted(qualities.items()):
-        est = speed_rows(q, speed) if speed else {}
-        md += [f"## sixbit-mini quality at {steps} steps" + (" and estimated CogVideoX-2B speed (H200)" if est else ""), "",
-               "| row | PSNR dB | SSIM | adherence % | computed | 2B speed-up (est.) | 2B peak GiB | 2B weights GiB |",
+        est = speed_rows(q, speed, size) if speed else {}
+        md += [f"## sixbit-mini quality at {steps} steps" + (f" and estimated CogVideoX-{size.upper()} speed" if est else ""), "",
+               f"| row | PSNR dB | SSIM | adherence % | computed | {size} speed-up (est.) | {size} peak GiB | "
+               f"{size} weights GiB |",
                "|---|---|---|---|---|---|---|---|"]
         for name, r in q["rows"].items():
             s, e = r["summary"], est.get(name, {})
@@ -172,7 +173,7 @@ def _style(name: str) -> dict:
     return dict(s=45, marker="o", c="tab:blue", zorder=3)
 
 
-def pareto_png(q: dict, speed: dict | None, path: Path) -> Path:
+def pareto_png(q: dict, speed: dict | None, path: Path, size: str = "2b") -> Path:
     """Quality (PSNR on sixbit-mini) against estimated 2B speed-up, with a memory panel (2B weights); without
     GPU numbers, against the fraction of block evaluations skipped on sixbit-mini, with the mini's weights."""
     import matplotlib
@@ -180,7 +181,7 @@ def pareto_png(q: dict, speed: dict | None, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    est = speed_rows(q, speed) if speed else {}
+    est = speed_rows(q, speed, size) if speed else {}
     pts = []  # (name, x, psnr, weight bytes)
     for name, r in q["rows"].items():
         psnr = r["summary"]["psnr"]["mean"] if r.get("n") else float("nan")
