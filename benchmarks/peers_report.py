@@ -101,7 +101,7 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
         if not fam or "error" in fam or (r.get("gpu_only") and ROWS[name].caching and not r["per_step_computed"]):
             continue
         est = estimate(r, fam, steps)
-        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"], "label": r["label"],
+        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"], "label": r.get("label", name),
                      "gpu_only": bool(r.get("gpu_only")), "peak_mem_bytes": fam.get("peak_mem_bytes"),
                      "weight_bytes": fam.get("weight_bytes")}
     return out
