@@ -2,6 +2,7 @@
 
     python -m benchmarks.peers quality --steps 20          # CPU: sixbit-mini, every row (resumable)
     python -m benchmarks.peers speed --sizes 2b            # GPU: unit costs at CogVideoX sizes (benchmarks/peers_speed.py)
+    python -m benchmarks.peers weights --sizes 2b          # CPU: torchao int8 weight bytes at real sizes
     python -m benchmarks.peers report                      # tables + Pareto chart from the result files
 
 Rows (``benchmarks/peers_rows.py``): the diffusers baseline; diffusers' FirstBlockCache, TaylorSeerCache,
@@ -216,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.peers_speed import add_arguments
 
     add_arguments(s)
+    w = sub.add_parser("weights", help="torchao int8 weight bytes at real sizes (CPU, random weights)")
+    w.add_argument("--sizes", nargs="+", default=["2b"], choices=["2b", "5b"])
+    w.add_argument("--out", default=str(RESULTS))
     r = sub.add_parser("report", help="tables and the Pareto chart from the result files")
     r.add_argument("--quality", nargs="*", default=None, help="peers_mini_*.json (default: all in results)")
     r.add_argument("--speed", default=None, help="peers_speed_*.json (default: the newest in results)")
@@ -224,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cmd == "quality":
         quality(args)
+    elif args.cmd == "weights":
+        from benchmarks.peers_speed import weights
+
+        weights(args)
     elif args.cmd == "speed":
         from benchmarks.peers_speed import speed
 

@@ -34,6 +34,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -230,3 +231,45 @@ def _write(results: dict, out: Path, name: str) -> None:
     md += ["- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
            f"- command: `{env['command']}`", ""]
     (out / f"{name}.md").write_text("\n".join(md))
+
+
+def weights(args) -> dict:
+    """Transformer weight bytes at real sizes of the rows that change weights and run on the CPU (torchao
+    int8), beside the bf16 model: a random-weight transformer built in bf16 on the CPU, as
+    ``python -m sixbit.bench weights`` does for sixbit's rows (the byte count does not depend on the values or
+    the device). fp8 and sixbit's GPU rows are measured by ``speed`` on the device."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    from benchmarks.peers import environment
+    from sixbit.bench import SIZES
+
+    out: dict[str, Any] = {"benchmark": "peers_weights", "environment": environment("cpu"), "models": {}}
+    for size in args.sizes:
+        for name in ("baseline", "torchao_int8"):
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)
+            try:
+                torch.manual_seed(0)
+                tr = CogVideoXTransformer3DModel(**SIZES[size]).to(torch.bfloat16).eval()
+            finally:
+                torch.set_default_dtype(prev)
+            pipe = SimpleNamespace(transformer=tr)
+            ROWS[name].apply(pipe, Ctx(1, torch.device("cpu")))
+            out["models"].setdefault(size, {})[name] = {"weight_bytes": weight_bytes(pipe),
+                                                        "params": sum(p.numel() for p in tr.parameters())}
+            print(f"[peers weights {size}] {name}: {weight_bytes(pipe) / 2**30:.3f} GiB", flush=True)
+            del pipe, tr
+    path = Path(args.out) / "peers_weights_cpu.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.with_suffix(".md").write_text(weights_markdown(out))
+    return out
+
+
+def weights_markdown(out: dict) -> str:
+    md = ["# Peer weight bytes at real CogVideoX sizes (CPU, random bf16 weights)", "",
+          "| model | row | transformer weights GiB |", "|---|---|---|"]
+    md += [f"| CogVideoX-{size.upper()} | {'bf16 model, no tool' if n == 'baseline' else ROWS[n].label} | "
+           f"{e['weight_bytes'] / 2**30:.3f} |" for size, rows in out["models"].items() for n, e in rows.items()]
+    md += ["", "sixbit's rows at the same sizes: `benchmarks/results/weights.md` (`python -m sixbit.bench weights`).", "",
+           "- " + "\n- ".join(f"{k}: `{v}`" for k, v in out["environment"].items() if v is not None), ""]
+    return "\n".join(md)
