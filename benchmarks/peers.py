@@ -1,0 +1,247 @@
+"""The peer arena: sixbit against the tools a user would pick instead, on the same model, counted the same way.
+
+    python -m benchmarks.peers quality --steps 20          # CPU: sixbit-mini, every row (resumable)
+    python -m benchmarks.peers speed --sizes 2b            # GPU: unit costs at CogVideoX sizes (benchmarks/peers_speed.py)
+    python -m benchmarks.peers weights --sizes 2b          # CPU: torchao int8 weight bytes at real sizes
+    python -m benchmarks.peers report                      # tables + Pareto chart from the result files
+
+Rows (``benchmarks/peers_rows.py``): the diffusers baseline; diffusers' FirstBlockCache, TaylorSeerCache,
+MagCache (calibrated), FasterCache and PyramidAttentionBroadcast through ``transformer.enable_cache``;
+cache-dit's DBCache (F1B0) with and without its TaylorSeer calibrator; torchao int8 / fp8 dynamic
+quantization; SageAttention; user-assembled stacks; sixbit's presets. Each peer at its documented setting
+plus a small sweep of its main knob.
+
+quality
+    On sixbit-mini with the prompts and seeds of ``python -m sixbit.bench quality`` (``prompt_set(7, n)``,
+    seeds 0..s-1), FP32 on the CPU: PSNR / SSIM / flow error against the FP32 video of the same prompt and
+    seed (``sixbit.metrics``), adherence (sixbit-mini's judge), the fraction of block evaluations computed —
+    counted for every row by the same :class:`~benchmarks.peers_rows.WorkCounter` (the attention's output
+    projection really running) — with its per-step pattern, and the transformer's weight bytes. One JSON per
+    row × prompt × seed under ``--run-dir``, reused on a re-run: stop and restart freely.
+
+Results: ``benchmarks/results/peers_mini_<steps>.{json,md}`` (device, versions, command, settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, weight_bytes
+
+RESULTS = Path(__file__).resolve().parent / "results"
+METRICS = ("psnr", "ssim", "flow_error", "adherence", "computed_fraction", "time_s")
+
+
+def environment(device="cpu") -> dict[str, Any]:
+    import diffusers
+
+    env = {"command": "python -m benchmarks.peers " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(),
+           "torch": torch.__version__, "diffusers": diffusers.__version__, "device": str(device),
+           "threads": torch.get_num_threads()}
+    for mod in ("cache_dit", "torchao", "sageattention", "triton"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except Exception:  # not installed, or no version attribute
+            env[mod] = None
+    if torch.device(device).type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
+
+
+def _uint8(video: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(np.asarray(video, np.float64) * 255.0), 0, 255).astype(np.uint8)
+
+
+def quality(args) -> dict:
+    import sixbit
+    from sixbit.metrics import compare
+    from sixbit.mini import DEFAULT_GENERATION
+    from sixbit.mini.data import prompt_set
+    from sixbit.mini.judge import judge
+
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    gen = {**DEFAULT_GENERATION, "num_inference_steps": args.steps}
+    # the first --prompts of the 12 prompts of `python -m sixbit.bench quality` (its default set)
+    prompts = prompt_set(7, max(12, args.prompts), split="train")[:args.prompts]
+    seeds = list(range(args.seeds))
+    run = Path(args.run_dir or Path(tempfile.gettempdir()) / "sixbit-peers" / f"mini_{args.steps}")
+    run.mkdir(parents=True, exist_ok=True)
+    names = ["baseline", *[n for n in (args.rows or ROWS) if n != "baseline"]]
+    names = [n for n in names if not ROWS[n].gpu_only]
+
+    def fresh():
+        pipe = sixbit.load_pipeline(None, device=device, dtype=torch.float32)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def generate(pipe, prompt, seed):
+        t0 = time.perf_counter()
+        with WorkCounter(pipe.transformer) as wc:
+            out = pipe(prompt=prompt, generator=torch.Generator("cpu").manual_seed(seed), output_type="np",
+                       **gen).frames[0]
+        return _uint8(out), wc, time.perf_counter() - t0
+
+    ratios_path = run / "magcache_ratios.json"
+    if not args.summarize_only and not ratios_path.exists() and any(ROWS[n].family == "magcache" for n in names):
+        calib_prompt = next(p for p in prompt_set(99, 16) if p not in prompts)
+        ratios = calibrate_magcache(fresh(), {**gen, "prompt": calib_prompt, "output_type": "latent",
+                                              "generator": torch.Generator("cpu").manual_seed(0)})
+        ratios_path.write_text(json.dumps({"prompt": calib_prompt, "seed": 0, "ratios": ratios}))
+    mag = json.loads(ratios_path.read_text()) if ratios_path.exists() else None
+
+    total, done = len(names) * len(prompts) * len(seeds), 0
+    for name in [] if args.summarize_only else names:
+        row = ROWS[name]
+        todo = [(pi, s) for pi in range(len(prompts)) for s in seeds if not (run / f"{name}__{pi}_{s}.json").exists()]
+        done += len(prompts) * len(seeds) - len(todo)
+        if not todo and (run / f"row__{name}.json").exists():
+            continue
+        pipe = fresh()
+        ctx = Ctx(args.steps, device, mag_ratios=mag and mag["ratios"], num_blocks=len(pipe.transformer.transformer_blocks))
+        meta: dict[str, Any] = {"name": name, "label": row.label, "family": row.family, "settings": row.settings,
+                                "note": row.note}
+        undo = None
+        try:
+            undo = row.apply(pipe, ctx)
+            handle = getattr(pipe, "_peers_sixbit", None)
+            meta["weight_bytes"] = weight_bytes(pipe)
+            for pi, seed in todo:
+                video, wc, wall = generate(pipe, prompts[pi], seed)
+                rec: dict[str, Any] = {"row": name, "prompt": prompts[pi], "seed": seed, "time_s": wall,
+                                       "adherence": judge(video, prompts[pi]).adherence * 100.0,
+                                       "computed_fraction": wc.fraction(), "per_step": wc.per_step_fraction()}
+                ref_path = run / f"ref__{pi}_{seed}.npy"
+                if name == "baseline":
+                    np.save(ref_path, video)
+                    rec.update(psnr=math.inf, ssim=1.0, flow_error=0.0)
+                else:
+                    m = compare(video, np.load(ref_path))
+                    rec.update(psnr=m["psnr_db"], ssim=m["ssim"], flow_error=m["flow_error"])
+                if handle is not None:
+                    summ = handle.trace.summary()
+                    rec.update(sixbit_skip_fraction=summ["skip_fraction"], avg_act_bits=summ["avg_act_bits"])
+                    if not (run / f"schedule__{name}.json").exists():
+                        (run / f"schedule__{name}.json").write_text(json.dumps(handle.trace.skip_schedule().to_dict()))
+                (run / f"{name}__{pi}_{seed}.json").write_text(json.dumps(rec))
+                done += 1
+                print(f"[peers {done}/{total}] {name:20s} p{pi} s{seed} psnr={rec['psnr']:.2f} "
+                      f"computed={rec['computed_fraction']:.2f} adh={rec['adherence']:.0f} t={wall:.1f}s", flush=True)
+        except Exception as e:  # one failing row must not lose the others: record why
+            import traceback
+
+            meta["error"] = f"{type(e).__name__}: {e}"
+            print(traceback.format_exc(), flush=True)
+        finally:
+            if undo is not None:
+                undo()
+        (run / f"row__{name}.json").write_text(json.dumps(meta))
+        del pipe
+    return summarize(run, args, names, prompts, seeds, gen, mag)
+
+
+def _stats(values) -> dict[str, float]:
+    """Mean, spread and count of the finite values; ``n_inf`` counts the infinite ones (PSNR of a video
+    identical to its reference), which the mean leaves out."""
+    n_inf = sum(1 for x in values if x is not None and math.isinf(x))
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
+    if v.size == 0:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0, "n_inf": n_inf}
+    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0, "n": int(v.size),
+            "n_inf": n_inf}
+
+
+def summarize(run: Path, args, names, prompts, seeds, gen, mag) -> dict:
+    rows: dict[str, Any] = {}
+    for name in names:
+        meta_p = run / f"row__{name}.json"
+        meta = json.loads(meta_p.read_text()) if meta_p.exists() else {"name": name, "label": ROWS[name].label}
+        paths = [run / f"{name}__{pi}_{s}.json" for pi in range(len(prompts)) for s in seeds]
+        recs = [json.loads(p.read_text()) for p in paths if p.exists()]
+        entry = {**meta, "n": len(recs), "summary": {m: _stats([r.get(m) for r in recs]) for m in METRICS}}
+        if recs:
+            entry["per_step_computed"] = [float(x) for x in np.mean([r["per_step"] for r in recs], axis=0)]
+            if "avg_act_bits" in recs[0]:
+                entry["summary"]["avg_act_bits"] = _stats([r["avg_act_bits"] for r in recs])
+                entry["summary"]["sixbit_skip_fraction"] = _stats([r["sixbit_skip_fraction"] for r in recs])
+        sched = run / f"schedule__{name}.json"
+        if sched.exists():
+            entry["schedule"] = json.loads(sched.read_text())
+        rows[name] = entry
+    env = environment("cpu")
+    payload = {"benchmark": "peers_quality", "model": "sixbit-mini", "generation": gen, "prompts": prompts,
+               "seeds": seeds, "magcache_calibration": mag, "environment": env, "rows": rows,
+               "counting": "computed fraction = attention output-projection rows actually run / (2 CFG rows × "
+                           "blocks × steps), the same forward hook for every row (benchmarks/peers_rows.py)"}
+    from benchmarks.peers_report import quality_markdown
+
+    name = args.name or f"peers_mini_{args.steps}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    md = quality_markdown(payload)
+    (out / f"{name}.md").write_text(md)
+    print(md)
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("quality", help="every row on sixbit-mini (CPU, resumable)")
+    q.add_argument("--steps", type=int, default=20)
+    q.add_argument("--prompts", type=int, default=12)
+    q.add_argument("--seeds", type=int, default=2)
+    q.add_argument("--rows", nargs="*", choices=list(ROWS))
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--run-dir", default=None, help="per-video JSON cache (default: $TMPDIR/sixbit-peers/mini_<steps>)")
+    q.add_argument("--out", default=str(RESULTS))
+    q.add_argument("--name", default=None)
+    q.add_argument("--summarize-only", action="store_true", help="write the result files from what --run-dir holds")
+    s = sub.add_parser("speed", help="unit costs at CogVideoX sizes (GPU; see benchmarks/peers_speed.py)")
+    from benchmarks.peers_speed import add_arguments
+
+    add_arguments(s)
+    w = sub.add_parser("weights", help="torchao int8 weight bytes at real sizes (CPU, random weights)")
+    w.add_argument("--sizes", nargs="+", default=["2b"], choices=["2b", "5b"])
+    w.add_argument("--out", default=str(RESULTS))
+    r = sub.add_parser("report", help="tables and the Pareto chart from the result files")
+    r.add_argument("--quality", nargs="*", default=None, help="peers_mini_*.json (default: all in results)")
+    r.add_argument("--speed", default=None, help="peers_speed_*.json (default: the newest in results)")
+    r.add_argument("--size", default="2b", help="which size of the speed file the chart uses")
+    r.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args(argv)
+    if args.cmd == "quality":
+        quality(args)
+    elif args.cmd == "weights":
+        from benchmarks.peers_speed import weights
+
+        weights(args)
+    elif args.cmd == "speed":
+        from benchmarks.peers_speed import speed
+
+        speed(args)
+    else:
+        from benchmarks.peers_report import report
+
+        report(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

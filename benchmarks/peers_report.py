@@ -1,0 +1,218 @@
+"""The peer arena's tables and Pareto chart, rendered from the result files alone.
+
+``python -m benchmarks.peers report`` reads ``benchmarks/results/peers_mini_<steps>.json`` (quality, CPU) and,
+when it exists, ``peers_speed_*.json`` (unit costs at CogVideoX sizes, GPU), and writes
+``peers_arena.md`` and ``peers_pareto.png``. Without GPU numbers the chart's x-axis is the fraction of block
+evaluations skipped on sixbit-mini (what the mini run measures), labelled as such; with them it is the
+estimated end-to-end (denoising loop) speed-up at 2B under the transfer protocol of ``peers_speed``, and a
+second panel shows the transformer's weight memory at 2B.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _f(s: dict | None, digits: int = 2) -> str:
+    if s and not s.get("n") and s.get("n_inf"):
+        return "∞ (identical)"
+    if not s or not s.get("n"):
+        return "—"
+    text = f"{s['mean']:.{digits}f} ± {s['std']:.{digits}f}"
+    return text + (f" (+{s['n_inf']} identical)" if s.get("n_inf") else "")
+
+
+def _mb(b) -> str:
+    return "—" if b is None else f"{b / 2**20:.1f}"
+
+
+def quality_markdown(payload: dict) -> str:
+    g = payload["generation"]
+    env = payload["environment"]
+    md = [f"# Peer arena on sixbit-mini — {len(payload['prompts'])} prompts × {len(payload['seeds'])} seeds, "
+          f"{g['num_inference_steps']} steps", "",
+          "Mean ± standard deviation over prompts × seeds. PSNR / SSIM / flow error against the FP32 video of the "
+          "same prompt and seed; adherence = sixbit-mini's judge (%). *computed* = " + payload["counting"] + ". "
+          "*weights MB* = the transformer's parameter + buffer bytes as the row leaves it (torchao's packed "
+          "tensors counted by their inner storage; sixbit's from `handle.memory()`).", "",
+          "| row | PSNR dB ↑ | SSIM ↑ | flow err ↓ | adherence % | computed | weights MB | s / video |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in payload["rows"].values():
+        s = r["summary"]
+        if r.get("error") and not r.get("n"):
+            md.append(f"| {r['label']} | cannot run: {r['error'][:120]} | | | | | | |")
+            continue
+        md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['flow_error'], 3)} | "
+                  f"{_f(s['adherence'], 1)} | {_f(s['computed_fraction'])} | {_mb(r.get('weight_bytes'))} | "
+                  f"{_f(s['time_s'], 1)} |")
+    mag = payload.get("magcache_calibration")
+    md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in g.items()) + ".",
+           "MagCache ratios: " + (f"calibrated by its `calibrate=True` run on “{mag['prompt']}” (seed {mag['seed']}), "
+                                  "a prompt outside the evaluation set." if mag else "not calibrated (no MagCache row)."),
+           "", "- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
+           f"- command: `{env['command']}`", ""]
+    return "\n".join(md)
+
+
+# ------------------------------------------------------------------------------------------ speed + chart
+
+
+def estimate(row: dict, fam: dict, steps: int) -> dict[str, Any]:
+    """The transfer protocol (see benchmarks/peers_speed.py): a step costs the family's all-computed step time
+    minus, per unit the row did not compute on sixbit-mini (at the same relative step), the family's measured
+    saving per skipped unit."""
+    from benchmarks.peers_speed import resample
+
+    pattern = resample(row.get("per_step_computed") or [1.0] * steps, steps)
+    units = fam["units_full"]
+    t = [fam["t_full_s"] - fam["saving_per_unit_s"] * units * (1.0 - c) for c in pattern]
+    return {"denoise_s": sum(t), "step_s": t}
+
+
+#: GPU-only caching rows (no sixbit-mini quality: the mini runs on the CPU) borrow the work pattern of the
+#: CPU row with the same cache on the same kind of quantized model
+PATTERN_FROM = {"stack_fbc_fp8_sage": "stack_fbc_int8"}
+
+
+def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
+    """Estimated denoising time, speed-up and memory at ``size`` of every quality row and of every GPU-only
+    row the speed run measured (those carry ``"gpu_only": True`` and no quality)."""
+    from benchmarks.peers_rows import ROWS
+
+    model = speed["models"].get(size)
+    if not model:
+        return {}
+    fams, steps = model["families"], speed["steps"]
+    base = fams.get("baseline")
+    if not base or "error" in base:
+        return {}
+    rows = dict(quality["rows"])
+    for name, row in ROWS.items():
+        if row.gpu_only and name not in rows:
+            src = rows.get(PATTERN_FROM.get(name, ""), {})
+            rows[name] = {"family": row.family, "label": row.label, "gpu_only": True,
+                          "per_step_computed": src.get("per_step_computed") if row.caching else None}
+    out = {}
+    for name, r in rows.items():
+        fam = fams.get(r.get("family"))
+        if not fam or "error" in fam or (r.get("gpu_only") and ROWS[name].caching and not r["per_step_computed"]):
+            continue
+        est = estimate(r, fam, steps)
+        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"], "label": r.get("label", name),
+                     "gpu_only": bool(r.get("gpu_only")), "peak_mem_bytes": fam.get("peak_mem_bytes"),
+                     "weight_bytes": fam.get("weight_bytes")}
+    return out
+
+
+def report(args) -> None:
+    out = Path(args.out)
+    qpaths = [Path(p) for p in args.quality] if args.quality else sorted(out.glob("peers_mini_*.json"))
+    qualities = {json.loads(p.read_text())["generation"]["num_inference_steps"]: json.loads(p.read_text())
+                 for p in qpaths}
+    spaths = [Path(args.speed)] if args.speed else sorted(out.glob("peers_speed_*.json"))
+    speed = json.loads(spaths[-1].read_text()) if spaths else None
+    if not qualities:
+        raise SystemExit(f"no peers_mini_*.json under {out}: run `python -m benchmarks.peers quality` first")
+    # the chart: the run with the most rows (20 steps: every row, more prompts); its per-step patterns are
+    # resampled to the speed run's 50 steps
+    q = max(qualities.values(), key=lambda d: (len(d["rows"]), -d["generation"]["num_inference_steps"]))
+    md = arena_markdown(qualities, speed, args.size)
+    (out / "peers_arena.md").write_text(md)
+    pareto_png(q, speed, out / "peers_pareto.png", args.size)
+    print(md)
+
+
+def arena_markdown(qualities: dict[int, dict], speed: dict | None, size: str = "2b") -> str:
+    md = ["# sixbit vs peers", ""]
+    for steps, q in sorted(qualities.items()):
+        est = speed_rows(q, speed, size) if speed else {}
+        md += [f"## sixbit-mini quality at {steps} steps" + (f" and estimated CogVideoX-{size.upper()} speed" if est else ""), "",
+               f"| row | PSNR dB | SSIM | adherence % | computed | {size} speed-up (est.) | {size} peak GiB | "
+               f"{size} weights GiB |",
+               "|---|---|---|---|---|---|---|---|"]
+        for name, r in q["rows"].items():
+            s, e = r["summary"], est.get(name, {})
+            if not r.get("n"):
+                md.append(f"| {r['label']} | cannot run: {r.get('error', 'no result')[:100]} | | | | | | |")
+                continue
+            sp = f"{e['speedup']:.2f}×" if e else "—"
+            pk = f"{e['peak_mem_bytes'] / 2**30:.2f}" if e.get("peak_mem_bytes") else "—"
+            wb = f"{e['weight_bytes'] / 2**30:.2f}" if e.get("weight_bytes") else "—"
+            md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['adherence'], 1)} | "
+                      f"{_f(s['computed_fraction'])} | {sp} | {pk} | {wb} |")
+        for e in (e for e in est.values() if e["gpu_only"]):
+            pk = f"{e['peak_mem_bytes'] / 2**30:.2f}" if e.get("peak_mem_bytes") else "—"
+            md.append(f"| {e['label']} (GPU only: no sixbit-mini quality) | — | — | — | — | {e['speedup']:.2f}× | {pk} | "
+                      f"{e['weight_bytes'] / 2**30:.2f} |")
+        md.append("")
+    if speed:
+        md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"], ""]
+    else:
+        md += ["No GPU result yet: run `python -m benchmarks.peers speed` on the H200, then `report`.", ""]
+    return "\n".join(md)
+
+
+#: marker per kind of row: sixbit; caches that skip whole blocks; caches that skip attention only (their MLPs
+#: still run, so a skipped unit saves less); quantization without a cache
+_ATTENTION_ONLY = ("pab", "fastercache")
+
+
+def _style(name: str) -> dict:
+    from benchmarks.peers_rows import ROWS
+
+    row = ROWS[name]
+    if name.startswith("sixbit"):
+        return dict(s=110, marker="*", c="crimson", zorder=4)
+    if row.family in _ATTENTION_ONLY:
+        return dict(s=45, marker="^", c="tab:green", zorder=3)
+    if not row.caching:
+        return dict(s=45, marker="s", c="tab:purple", zorder=3)
+    return dict(s=45, marker="o", c="tab:blue", zorder=3)
+
+
+def pareto_png(q: dict, speed: dict | None, path: Path, size: str = "2b") -> Path:
+    """Quality (PSNR on sixbit-mini) against estimated 2B speed-up, with a memory panel (2B weights); without
+    GPU numbers, against the fraction of block evaluations skipped on sixbit-mini, with the mini's weights."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    est = speed_rows(q, speed, size) if speed else {}
+    pts = []  # (name, x, psnr, weight bytes)
+    for name, r in q["rows"].items():
+        psnr = r["summary"]["psnr"]["mean"] if r.get("n") else float("nan")
+        if name == "baseline" or not math.isfinite(psnr) or (est and name not in est):
+            continue
+        if est:
+            pts.append((name, est[name]["speedup"], psnr, est[name].get("weight_bytes")))
+        else:
+            pts.append((name, 1.0 - r["summary"]["computed_fraction"]["mean"], psnr, r.get("weight_bytes")))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 6))
+    steps = q["generation"]["num_inference_steps"]
+    for name, x, y, wb in pts:
+        style = _style(name)
+        ax.scatter(x, y, **style)
+        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if wb:
+            ax2.scatter(x, wb / 2**20, **style)
+            ax2.annotate(name, (x, wb / 2**20), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    xlabel = ("estimated end-to-end (denoising loop) speed-up at CogVideoX-2B, H200, 50 steps" if est else
+              "fraction of block evaluations skipped on sixbit-mini (attention rows not run) — NOT a speed-up")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"PSNR vs the FP32 video on sixbit-mini, dB ({steps} steps, mean of {q['rows']['baseline']['n']} videos)")
+    ax.set_title("sixbit (red ★) vs peers — ● block caches, ▲ attention-only caches, ■ quantization\n"
+                 "quality vs " + ("estimated 2B speed-up" if est else "skipped work"), fontsize=10)
+    ax2.set_xlabel(xlabel.split(" — ")[0])
+    ax2.set_ylabel("transformer weights at CogVideoX-2B, MiB" if est else
+                   "transformer weights of sixbit-mini (an FP32 model), MiB")
+    ax2.set_title("memory (weights the transformer keeps resident)")
+    for a in (ax, ax2):
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

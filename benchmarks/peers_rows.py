@@ -1,0 +1,432 @@
+"""The peer arena's rows: each a configuration of one library, applied to a CogVideoX pipeline through that
+library's public API, and the one counter of computed work that every row is measured with.
+
+A row is ``Row(name, family, label, apply, ...)``; ``apply(pipe, ctx)`` configures the pipeline and returns
+an undo callable. ``ctx.mode`` is None for the row as documented, or ``"compute"`` / ``"skip"`` for the GPU
+half's transfer protocol (``benchmarks/peers_speed.py``): the same library with its knob forced so that it
+computes every unit, or skips every unit it can. Rows of one *family* share their unit costs at the big size
+(a cache's threshold changes its decisions, not what a computed or skipped block costs), so the GPU half
+times families and each row reuses its family's costs with its own work pattern from sixbit-mini.
+
+How each peer is made to act on CogVideoX (whose blocks are ``transformer_blocks.<i>`` with one joint
+attention ``attn1``):
+
+* FirstBlockCache, MagCache, FasterCache, PyramidAttentionBroadcast find CogVideoX's blocks on their own
+  (diffusers registers ``CogVideoXBlock`` with its hooks); PAB and FasterCache need
+  ``current_timestep_callback=lambda: pipe.current_timestep`` (their docs' CogVideoX example).
+* TaylorSeerCache's default identifiers (``^transformer_blocks.*attn``, fullmatch) match nothing in CogVideoX,
+  whose attention module is named ``attn1``: the rows pass ``cache_identifiers=[r"transformer_blocks\\.\\d+"]``
+  so every whole block is Taylor-forecast (a block returns the (video, text) pair; both are forecast).
+* MagCache needs model-specific magnitude ratios: the rows run its documented calibration step
+  (``MagCacheConfig(calibrate=True)``, one generation on a calibration prompt outside the evaluation set) and
+  parse the ratios it prints (``ctx.mag_ratios``).
+* cache-dit's DBCache computes the first ``Fn`` and last ``Bn`` blocks every step and caches the rest; its
+  default Fn=8 would always compute 8 of sixbit-mini's 12 blocks, so the rows use its CogVideoX example's
+  F1B0 (1 of 12 always computed, 11 cacheable; 1 of 30 at 2B). CogVideoX batches CFG, so
+  ``enable_separate_cfg=False``.
+* torchao: ``quantize_(pipe.transformer, Int8DynamicActivationInt8WeightConfig())`` (CPU and GPU) or
+  ``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())`` (GPU): every nn.Linear of the
+  transformer.
+* SageAttention: CogVideoX's attention processor calls ``torch.nn.functional.scaled_dot_product_attention``
+  directly (not diffusers' attention dispatcher), so the row uses SageAttention's documented plug-in, replacing
+  that function by ``sageattn`` while the row is applied (GPU only: it is Triton/CUDA).
+
+Computed work (:class:`WorkCounter`): a forward hook on each block's ``attn1.to_out[0]`` — the output
+projection that runs right after the attention product, only when the attention is really computed — adds
+the call's batch size (CFG-batched: 2 per block per step; FasterCache's skipped unconditional half: 1).
+A cache that skips a block never reaches that layer, an attention cache (PAB, FasterCache) that reuses an
+attention output neither, while a pre-hook on the block itself would fire for skipped blocks too. One
+transformer call is one step (CogVideoX batches CFG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+BLOCK_PATTERN = r"transformer_blocks\.\d+"
+BIG = 10**9
+
+
+@dataclass
+class Ctx:
+    steps: int
+    device: torch.device
+    mode: str | None = None  # None | "compute" | "skip"
+    mag_ratios: list[float] | None = None
+    schedule: dict | None = None  # sixbit rows: a recorded SkipSchedule dict (routes replayed at big sizes)
+    num_blocks: int = 0
+
+
+@dataclass
+class Row:
+    name: str
+    family: str
+    label: str
+    apply: Callable[[Any, Ctx], Callable[[], None]]
+    caching: bool = True
+    gpu_only: bool = False
+    settings: dict = field(default_factory=dict)
+    note: str = ""
+
+
+# ----------------------------------------------------------------------------------------- work counter
+
+
+class WorkCounter:
+    """Per transformer call, the batch rows each block's attention really computed (see the module
+    docstring). ``with WorkCounter(transformer) as wc: pipe(...)``; then ``wc.steps[t][b]``."""
+
+    def __init__(self, transformer):
+        self.tr = transformer
+        self.blocks = list(transformer.transformer_blocks)
+        self.steps: list[list[int]] = []
+        self.batch = 0
+        self._hooks: list = []
+
+    def __enter__(self) -> WorkCounter:
+        def on_call(_mod, args, kwargs):
+            hs = kwargs.get("hidden_states", args[0] if args else None)
+            self.batch = int(hs.shape[0])
+            self.steps.append([0] * len(self.blocks))
+
+        self._hooks.append(self.tr.register_forward_pre_hook(on_call, with_kwargs=True))
+        for b, block in enumerate(self.blocks):
+            def on_out(_mod, args, _out, _b=b):
+                if self.steps:
+                    self.steps[-1][_b] += int(args[0].shape[0])
+
+            self._hooks.append(block.attn1.to_out[0].register_forward_hook(on_out))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+    def per_step_fraction(self, full: int | None = None) -> list[float]:
+        """Computed fraction of each step's block evaluations (``full`` = rows per step when all compute)."""
+        full = full or 2 * len(self.blocks)
+        return [sum(s) / full for s in self.steps]
+
+    def fraction(self, full: int | None = None) -> float:
+        f = self.per_step_fraction(full)
+        return sum(f) / len(f) if f else 0.0
+
+
+# ------------------------------------------------------------------------------------------ weight bytes
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Storage bytes of a tensor, looking inside tensor subclasses (torchao's quantized weights)."""
+    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Parameters + buffers of ``module`` in bytes (shared tensors once)."""
+    seen, total = set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        key = id(t)
+        if key in seen or t.device.type == "meta":
+            continue
+        seen.add(key)
+        total += tensor_bytes(t)
+    return total
+
+
+def weight_bytes(pipe) -> int:
+    """The transformer's weight bytes as a row leaves it: for sixbit, packed weights + originals kept on the
+    device + the layers it leaves alone + buffers (``handle.memory()``); otherwise :func:`module_bytes`."""
+    handle = getattr(pipe, "_peers_sixbit", None)
+    if handle is None:
+        return module_bytes(pipe.transformer)
+    mem = handle.memory()
+    buffers = sum(b.numel() * b.element_size() for b in pipe.transformer.buffers())
+    return int(mem["packed_bytes"] + mem["fp_bytes_on_device"] + mem["other_transformer_bytes"] + buffers)
+
+
+# ------------------------------------------------------------------------------------- diffusers caches
+
+
+def _enable(config) -> Callable:
+    def apply(pipe, ctx: Ctx):
+        pipe.transformer.enable_cache(config(pipe, ctx))
+        return pipe.transformer.disable_cache
+    return apply
+
+
+def fbc(threshold: float):
+    from diffusers import FirstBlockCacheConfig
+
+    def cfg(pipe, ctx):
+        t = {"compute": -1.0, "skip": float(BIG)}.get(ctx.mode, threshold)
+        return FirstBlockCacheConfig(threshold=t)
+    return _enable(cfg)
+
+
+def taylorseer(interval: int, before: int = 3, order: int = 1):
+    from diffusers import TaylorSeerCacheConfig
+
+    def cfg(pipe, ctx):
+        iv, bf = interval, before
+        if ctx.mode == "compute":
+            bf = BIG
+        elif ctx.mode == "skip":
+            iv, bf = BIG, 1
+        return TaylorSeerCacheConfig(cache_interval=iv, disable_cache_before_step=bf, max_order=order,
+                                     taylor_factors_dtype=torch.float32, cache_identifiers=[BLOCK_PATTERN])
+    return _enable(cfg)
+
+
+def magcache(threshold: float, max_skip: int = 3, retention: float = 0.2):
+    from diffusers import MagCacheConfig
+
+    def cfg(pipe, ctx):
+        th, k, ret = threshold, max_skip, retention
+        if ctx.mode == "compute":
+            th = -1.0
+        elif ctx.mode == "skip":
+            th, k, ret = float(BIG), BIG, 0.0
+        ratios = ctx.mag_ratios or [1.0] * ctx.steps  # forced modes ignore the ratios
+        return MagCacheConfig(threshold=th, max_skip_steps=k, retention_ratio=ret, num_inference_steps=ctx.steps,
+                              mag_ratios=ratios)
+    return _enable(cfg)
+
+
+def calibrate_magcache(pipe, call: dict) -> list[float]:
+    """MagCache's documented calibration: one generation with ``calibrate=True``; the ratios it prints."""
+    from diffusers import MagCacheConfig
+
+    pipe.transformer.enable_cache(MagCacheConfig(calibrate=True, num_inference_steps=call["num_inference_steps"]))
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            pipe(**call)
+    finally:
+        pipe.transformer.disable_cache()
+    found = re.findall(r"\[([0-9eE.,\s+-]+)\]", buf.getvalue())
+    if not found:
+        raise RuntimeError(f"MagCache calibration printed no ratios: {buf.getvalue()[-500:]!r}")
+    return [float(x) for x in found[-1].split(",")]
+
+
+def faster_cache(block_skip: int = 2, uncond_skip: int = 5):
+    from diffusers import FasterCacheConfig
+
+    def cfg(pipe, ctx):
+        att, unc, unc_range, att_range = block_skip, uncond_skip, (-1, 641), (-1, 681)
+        if ctx.mode == "compute":
+            att_range = unc_range = (-2, -1)
+        elif ctx.mode == "skip":
+            att, unc, att_range, unc_range = BIG, BIG, (-1, BIG), (-1, BIG)
+        # the documented CogVideoX example (diffusers' apply_faster_cache docstring)
+        return FasterCacheConfig(spatial_attention_block_skip_range=att, spatial_attention_timestep_skip_range=att_range,
+                                 low_frequency_weight_update_timestep_range=(99, 641),
+                                 high_frequency_weight_update_timestep_range=(-1, 301),
+                                 unconditional_batch_skip_range=unc, unconditional_batch_timestep_skip_range=unc_range,
+                                 spatial_attention_block_identifiers=["transformer_blocks"],
+                                 attention_weight_callback=lambda _: 0.3, tensor_format="BFCHW",
+                                 current_timestep_callback=lambda: pipe.current_timestep)
+    return _enable(cfg)
+
+
+def pab(block_skip: int, timestep_range=(100, 800)):
+    from diffusers import PyramidAttentionBroadcastConfig
+
+    def cfg(pipe, ctx):
+        r, rng = block_skip, timestep_range
+        if ctx.mode == "compute":
+            rng = (-2, -1)
+        elif ctx.mode == "skip":
+            r, rng = BIG, (-1, BIG)
+        return PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=r,
+                                               spatial_attention_timestep_skip_range=rng,
+                                               current_timestep_callback=lambda: pipe.current_timestep)
+    return _enable(cfg)
+
+
+# --------------------------------------------------------------------------------------------- cache-dit
+
+
+def dbcache(threshold: float, fn: int = 1, bn: int = 0, warmup: int = 8, taylorseer_order: int | None = None):
+    def apply(pipe, ctx: Ctx):
+        import cache_dit
+        from cache_dit import DBCacheConfig, TaylorSeerCalibratorConfig
+
+        th, wu = threshold, warmup
+        if ctx.mode == "compute":
+            th = 0.0
+        elif ctx.mode == "skip":
+            th, wu = float(BIG), 1
+        cache = DBCacheConfig(Fn_compute_blocks=fn, Bn_compute_blocks=bn, residual_diff_threshold=th,
+                              max_warmup_steps=wu, num_inference_steps=ctx.steps, enable_separate_cfg=False)
+        cal = None if taylorseer_order is None else TaylorSeerCalibratorConfig(taylorseer_order=taylorseer_order)
+        cache_dit.enable_cache(pipe, cache_config=cache, calibrator_config=cal)
+        return lambda: cache_dit.disable_cache(pipe)
+    return apply
+
+
+# ---------------------------------------------------------------------------------- torchao, SageAttention
+
+
+def torchao_quant(kind: str):
+    def apply(pipe, ctx: Ctx):
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            Int8DynamicActivationInt8WeightConfig,
+            PerRow,
+            quantize_,
+        )
+
+        cfg = (Int8DynamicActivationInt8WeightConfig() if kind == "int8"
+               else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+        quantize_(pipe.transformer, cfg)
+        return _irreversible
+    return apply
+
+
+def _irreversible() -> None:
+    """torchao's quantize_ replaces weights in place: the runner reloads the pipeline after such a row."""
+
+
+def sage(pipe, ctx: Ctx):
+    import torch.nn.functional as F
+    from sageattention import sageattn
+
+    orig = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        if attn_mask is not None or dropout_p or q.device.type != "cuda":
+            return orig(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+        if q.dtype in (torch.float16, torch.bfloat16):
+            return sageattn(q, k, v, tensor_layout="HND", is_causal=is_causal)
+        lo = [t.to(torch.bfloat16) for t in (q, k, v)]  # sageattn takes fp16/bf16 only
+        return sageattn(*lo, tensor_layout="HND", is_causal=is_causal).to(q.dtype)
+
+    F.scaled_dot_product_attention = sdpa
+
+    def undo():
+        F.scaled_dot_product_attention = orig
+    return undo
+
+
+def compile_blocks(pipe, ctx: Ctx):
+    """Regional compilation (torch.compile of each transformer block, as torchao's docs pair it with):
+    compiled by the warm-up call, never inside a timed one."""
+    for block in pipe.transformer.transformer_blocks:
+        block.compile()
+    return lambda: None
+
+
+def stack(*parts):
+    def apply(pipe, ctx: Ctx):
+        undos = [p(pipe, ctx) for p in parts]
+
+        def undo():
+            for u in reversed(undos):
+                u()
+        return undo
+    return apply
+
+
+# ------------------------------------------------------------------------------------------------ sixbit
+
+
+def sixbit_row(preset: str, **overrides):
+    def apply(pipe, ctx: Ctx):
+        import sixbit
+
+        cfg = sixbit.SixBitConfig.preset(preset, **overrides)
+        sched = None
+        if ctx.mode is not None and cfg.tdc:
+            sched = _forced_schedule(ctx, cfg.quantized)
+        handle = sixbit.apply(pipe, cfg, schedule=sched)
+        pipe._peers_sixbit = handle
+        return handle.remove
+    return apply
+
+
+def _forced_schedule(ctx: Ctx, quantized: bool):
+    """All-computed (with the routes recorded on sixbit-mini, when the row routes) or all-skipped schedule."""
+    from sixbit import SkipSchedule
+
+    nb, ns = ctx.num_blocks, ctx.steps
+    if ctx.mode == "compute" and quantized and ctx.schedule and ctx.schedule.get("routes"):
+        return SkipSchedule.from_dict(ctx.schedule).dense().resample(nb, ns)
+    keep = ctx.mode == "compute"
+    return SkipSchedule(nb, ns, {"all": [[keep] * nb for _ in range(ns)]}, {"forced": ctx.mode})
+
+
+# -------------------------------------------------------------------------------------------- the rows
+
+
+def _none(pipe, ctx):
+    return lambda: None
+
+
+def build_rows() -> list[Row]:
+    R = Row
+    rows = [
+        R("baseline", "baseline", "diffusers baseline (FP32 on CPU = the reference; bf16 on GPU)", _none, caching=False),
+        # diffusers FirstBlockCache: documented default 0.05, sweep of its threshold
+        *[R(f"fbc_{t:g}", "fbc", f"diffusers FirstBlockCache threshold={t:g}", fbc(t), settings={"threshold": t},
+            note="default 0.05" if t == 0.05 else "") for t in (0.05, 0.1, 0.2, 0.3)],
+        # TaylorSeerCache: documented example (interval 5, order 1, 3 warm-up steps), sweep of cache_interval
+        *[R(f"taylorseer_i{i}", "taylorseer", f"diffusers TaylorSeerCache cache_interval={i} (whole blocks)",
+            taylorseer(i), settings={"cache_interval": i, "max_order": 1, "disable_cache_before_step": 3,
+                                     "cache_identifiers": [BLOCK_PATTERN]}) for i in (5, 3, 2)],
+        # MagCache: documented threshold 0.06 / K=3 / retention 0.2 with calibrated ratios, sweep of threshold
+        *[R(f"magcache_{t:g}", "magcache", f"diffusers MagCache threshold={t:g} (calibrated)", magcache(t),
+            settings={"threshold": t, "max_skip_steps": 3, "retention_ratio": 0.2}) for t in (0.06, 0.12, 0.24)],
+        # on sixbit-mini the threshold saturates at max_skip_steps=3 (0.12 and 0.24 skip alike): one row with K=6
+        R("magcache_0.24_k6", "magcache", "diffusers MagCache threshold=0.24, max_skip_steps=6 (calibrated)",
+          magcache(0.24, max_skip=6), settings={"threshold": 0.24, "max_skip_steps": 6, "retention_ratio": 0.2}),
+        # FasterCache: diffusers' CogVideoX example, sweep of the attention skip range
+        *[R(f"fastercache_r{r}", "fastercache", f"diffusers FasterCache attention skip range {r}", faster_cache(r),
+            settings={"spatial_attention_block_skip_range": r, "unconditional_batch_skip_range": 5}) for r in (2, 3)],
+        # PAB: diffusers' CogVideoX example (range 2, timesteps 100-800), sweep of the skip range
+        *[R(f"pab_r{r}", "pab", f"diffusers PyramidAttentionBroadcast skip range {r}", pab(r),
+            settings={"spatial_attention_block_skip_range": r, "timestep_range": [100, 800]}) for r in (2, 3, 4)],
+        # cache-dit DBCache F1B0 (its CogVideoX example), sweep of the residual threshold; + TaylorSeer order 2
+        *[R(f"dbcache_{t:g}", "dbcache", f"cache-dit DBCache F1B0 rdt={t:g}", dbcache(t),
+            settings={"Fn": 1, "Bn": 0, "residual_diff_threshold": t, "max_warmup_steps": 8}) for t in (0.08, 0.12, 0.24)],
+        *[R(f"dbcache_ts_{t:g}", "dbcache_ts", f"cache-dit DBCache F1B0 rdt={t:g} + TaylorSeer order 2",
+            dbcache(t, taylorseer_order=2), settings={"Fn": 1, "Bn": 0, "residual_diff_threshold": t,
+                                                      "max_warmup_steps": 8, "taylorseer_order": 2})
+          for t in (0.12, 0.24)],
+        R("torchao_int8", "torchao_int8", "torchao int8 dynamic activations × int8 weights", torchao_quant("int8"),
+          caching=False),
+        R("torchao_fp8", "torchao_fp8", "torchao fp8 dynamic activations × fp8 weights (per row)",
+          torchao_quant("fp8"), caching=False, gpu_only=True),
+        R("torchao_fp8_compile", "torchao_fp8_compile", "torchao fp8 dynamic + torch.compile of each block",
+          stack(torchao_quant("fp8"), compile_blocks), caching=False, gpu_only=True),
+        R("sage", "sage", "SageAttention (sageattn for SDPA)", sage, caching=False, gpu_only=True),
+        # user-assembled stacks: the cache that leads on mini + quantization (+ SageAttention on GPU)
+        R("stack_fbc_int8", "stack_fbc_int8", "FirstBlockCache 0.1 + torchao int8 dynamic",
+          stack(torchao_quant("int8"), fbc(0.1)), settings={"threshold": 0.1}),
+        R("stack_dbcache_int8", "stack_dbcache_int8", "cache-dit DBCache F1B0 0.12 + torchao int8 dynamic",
+          stack(torchao_quant("int8"), dbcache(0.12)), settings={"residual_diff_threshold": 0.12}),
+        R("stack_fbc_fp8_sage", "stack_fbc_fp8_sage", "FirstBlockCache 0.1 + torchao fp8 dynamic + SageAttention",
+          stack(torchao_quant("fp8"), sage, fbc(0.1)), gpu_only=True, settings={"threshold": 0.1}),
+        # sixbit presets
+        R("sixbit_tdc_only", "sixbit_tdc_only", "sixbit tdc_only (TDC, no quantization)", sixbit_row("tdc_only")),
+        R("sixbit_full", "sixbit_full", "sixbit full (balanced: DMPQ+TDC+PDR)", sixbit_row("full")),
+        R("sixbit_full_w8a8", "sixbit_full_w8a8", "sixbit full, INT8 decisions on W8A8", sixbit_row("full", int8_route="w8a8")),
+        R("sixbit_w8a8_tdc", "sixbit_w8a8_tdc", "sixbit static W8A8 + TDC", sixbit_row("w8a8", tdc=True)),
+        R("sixbit_aggressive", "sixbit_aggressive", "sixbit aggressive", sixbit_row("aggressive")),
+    ]
+    names = [r.name for r in rows]
+    assert len(names) == len(set(names)), "duplicate row names"
+    return rows
+
+
+ROWS = {r.name: r for r in build_rows()}

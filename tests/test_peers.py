@@ -1,0 +1,172 @@
+"""The peer arena's rows build and act on a tiny CogVideoX pipeline; the counter and the transfer protocol's
+arithmetic are right. The numbers themselves are benchmarks (benchmarks/peers.py), not tests."""
+
+import pytest
+import torch
+
+from benchmarks.peers_report import estimate, quality_markdown, speed_rows
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, module_bytes
+from benchmarks.peers_speed import DEFAULT_FAMILIES, family_row, resample
+from sixbit.testing import COGVIDEOX_CALL, tiny_cogvideox_pipeline
+
+STEPS = 4
+LAYERS = 2
+CALL = {**COGVIDEOX_CALL, "num_inference_steps": STEPS, "output_type": "latent"}
+CPU_ROWS = [n for n, r in ROWS.items() if not r.gpu_only]
+
+
+def _run(pipe):
+    with WorkCounter(pipe.transformer) as wc:
+        out = pipe("red circle", negative_prompt="", generator=torch.Generator().manual_seed(0), **CALL).frames
+    return out, wc
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    torch.manual_seed(0)
+    return _run(tiny_cogvideox_pipeline(num_layers=LAYERS))
+
+
+def test_counter_counts_every_block_row_of_a_plain_run(baseline):
+    _, wc = baseline
+    assert wc.steps == [[2] * LAYERS] * STEPS  # CFG batched: 2 rows per block per step
+    assert wc.fraction() == 1.0
+
+
+@pytest.mark.parametrize("name", CPU_ROWS)
+def test_row_builds_runs_and_acts(name, baseline):
+    row = ROWS[name]
+    ref, ref_wc = baseline
+    mode = "skip" if row.caching else None
+    pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    before = module_bytes(pipe.transformer)
+    undo = row.apply(pipe, Ctx(STEPS, torch.device("cpu"), mode=mode, num_blocks=LAYERS))
+    try:
+        after = module_bytes(pipe.transformer)
+        out, wc = _run(pipe)
+    finally:
+        undo()
+    assert torch.isfinite(out).all()
+    if row.caching:  # forced to skip what it can: fewer attention rows really computed than without it
+        assert sum(map(sum, wc.steps)) < sum(map(sum, ref_wc.steps)), name
+    if name == "baseline":
+        assert torch.equal(out, ref)
+    elif not row.caching:  # quantization: smaller weights, different numbers, every block computed
+        assert after < before and not torch.equal(out, ref) and wc.fraction() == 1.0
+
+
+#: caches whose documented knob is a schedule, not a threshold on the (random) model's features
+RULE_BASED = ("taylorseer", "pab", "fastercache", "magcache")
+
+
+@pytest.mark.parametrize("name", [n for n in CPU_ROWS if ROWS[n].family in RULE_BASED])
+def test_caching_row_skips_at_its_own_setting(name):
+    """At the documented setting (not forced), the schedule-driven caches skip something in 12 steps on the
+    tiny model: their hooks found CogVideoX's blocks (TaylorSeer's default identifiers would not). MagCache
+    with ratios of 1 accumulates no error, so it skips as often as max_skip_steps allows. Threshold-driven
+    caches decide on random features here, so they are checked forced only (above)."""
+    call = {**CALL, "num_inference_steps": 12}
+    pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    ratios = [1.0] * 12 if ROWS[name].family == "magcache" else None
+    undo = ROWS[name].apply(pipe, Ctx(12, torch.device("cpu"), mag_ratios=ratios, num_blocks=LAYERS))
+    try:
+        with WorkCounter(pipe.transformer) as wc:
+            pipe("red circle", negative_prompt="", generator=torch.Generator().manual_seed(0), **call)
+    finally:
+        undo()
+    assert wc.fraction() < 1.0, name
+
+
+def test_fastercache_counts_half_batches():
+    pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    undo = ROWS["fastercache_r2"].apply(pipe, Ctx(STEPS, torch.device("cpu"), num_blocks=LAYERS))
+    try:
+        _, wc = _run(pipe)
+    finally:
+        undo()
+    assert any(c == 1 for s in wc.steps for c in s)  # the unconditional half skipped: one row computed
+
+
+def test_magcache_calibration_returns_one_ratio_per_step():
+    pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    ratios = calibrate_magcache(pipe, {**CALL, "prompt": "blue square", "negative_prompt": ""})
+    assert len(ratios) == STEPS and ratios[0] == 1.0 and all(r > 0 for r in ratios)
+
+
+def test_every_default_family_has_a_row():
+    assert {family_row(f).family for f in DEFAULT_FAMILIES} == set(DEFAULT_FAMILIES)
+    assert {r.family for r in ROWS.values()} <= set(DEFAULT_FAMILIES)
+
+
+def test_resample_keeps_relative_position():
+    assert resample([1.0, 0.0], 4) == [1.0, 1.0, 0.0, 0.0]
+    assert resample([0.5] * 20, 50) == [0.5] * 50
+    assert len(resample(list(range(50)), 20)) == 20
+
+
+def test_transfer_protocol_arithmetic():
+    fam = {"t_full_s": 1.0, "saving_per_unit_s": 0.01, "units_full": 60}
+    est = estimate({"per_step_computed": [1.0, 0.5]}, fam, 4)
+    assert est["step_s"] == pytest.approx([1.0, 1.0, 0.7, 0.7])
+    q = {"rows": {"baseline": {"family": "baseline"}, "x": {"family": "fbc", "per_step_computed": [0.5]}}}
+    sp = {"steps": 10, "models": {"2b": {"families": {
+        "baseline": {"t_full_s": 1.0, "saving_per_unit_s": 0.0, "units_full": 60},
+        "fbc": {"t_full_s": 1.1, "saving_per_unit_s": 0.01, "units_full": 60, "weight_bytes": 5}}}}}
+    rows = speed_rows(q, sp)
+    assert rows["x"]["speedup"] == pytest.approx(10.0 / (10 * (1.1 - 0.3)))
+    assert rows["baseline"]["speedup"] == pytest.approx(1.0)
+
+
+def test_quality_markdown_names_rows_and_failures():
+    stat = {"mean": 1.0, "std": 0.0, "n": 1}
+    payload = {"generation": {"num_inference_steps": 2}, "prompts": ["p"], "seeds": [0], "counting": "c",
+               "magcache_calibration": None, "environment": {"command": "cmd", "device": "cpu"},
+               "rows": {"a": {"label": "A row", "n": 1, "weight_bytes": 2**20,
+                              "summary": {m: stat for m in ("psnr", "ssim", "flow_error", "adherence",
+                                                            "computed_fraction", "time_s")}},
+                        "b": {"label": "B row", "n": 0, "error": "ImportError: no sageattention", "summary": {}}}}
+    md = quality_markdown(payload)
+    assert "| A row | 1.00 ± 0.00" in md and "cannot run: ImportError: no sageattention" in md and "`cmd`" in md
+
+
+def test_sixbit_forced_modes_replay_schedules():
+    """The GPU half's sixbit modes: all computed with the routes recorded on another model (resampled to this
+    depth and step count), or all skipped after the first step."""
+    import sixbit
+
+    rec_pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    handle = sixbit.apply(rec_pipe, sixbit.SixBitConfig.preset("full"))
+    try:
+        _run(rec_pipe)
+        recorded = handle.trace.skip_schedule().to_dict()
+    finally:
+        handle.remove()
+    assert recorded.get("routes")
+    for mode, expect in (("compute", 1.0), ("skip", 1.0 / STEPS)):
+        pipe = tiny_cogvideox_pipeline(num_layers=LAYERS + 1)
+        undo = ROWS["sixbit_full"].apply(pipe, Ctx(STEPS, torch.device("cpu"), mode=mode, schedule=recorded,
+                                                   num_blocks=LAYERS + 1))
+        try:
+            _, wc = _run(pipe)
+            modes = {b["mode"] for st in pipe._peers_sixbit.trace.steps for br in st.branches.values()
+                     for b in br.blocks if b}
+        finally:
+            undo()
+        assert wc.fraction() == pytest.approx(expect), mode
+        assert ("replay" in modes) == (mode == "compute"), modes
+
+
+def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):
+    """The GPU half's code path on the CPU: forced modes, warm-up + timed calls, counts, result files."""
+    import json
+
+    from benchmarks.peers import main
+
+    main(["speed", "--sizes", "tiny", "--device", "cpu", "--families", "baseline", "fbc", "--timed-steps", "3",
+          "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path), "--name", "smoke"])
+    res = json.loads((tmp_path / "smoke.json").read_text())
+    fams = res["models"]["tiny"]["families"]
+    assert fams["baseline"]["units_full"] == 6 and "t_skip_s" not in fams["baseline"]
+    assert fams["fbc"]["units_skip"] == 2 < fams["fbc"]["units_full"] == 6  # only the first block computed
+    assert len(fams["fbc"]["modes"]["skip"]["step_s"]) == 3 and res["protocol"]
+    assert "| fbc (fbc_0.05) |" in (tmp_path / "smoke.md").read_text()
