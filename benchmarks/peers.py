@@ -12,7 +12,7 @@ quantization; SageAttention; user-assembled stacks; sixbit's presets. Each peer 
 plus a small sweep of its main knob.
 
 quality
-    On sixbit-mini with the prompts and seeds of ``python -m sixbit.bench quality`` (``prompt_set(7, n)``,
+    On sixbit-mini with the prompts and seeds of ``python -m benchmarks quality`` (``prompt_set(7, n)``,
     seeds 0..s-1), FP32 on the CPU: PSNR / SSIM / flow error against the FP32 video of the same prompt and
     seed (``sixbit.metrics``), adherence (sixbit-mini's judge), the fraction of block evaluations computed —
     counted for every row by the same :class:`~benchmarks.peers_rows.WorkCounter` (the attention's output
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shlex
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import common
 from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, weight_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -45,21 +45,14 @@ METRICS = ("psnr", "ssim", "flow_error", "adherence", "computed_fraction", "time
 
 
 def environment(device="cpu") -> dict[str, Any]:
-    import diffusers
-
-    env = {"command": "python -m benchmarks.peers " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(),
-           "torch": torch.__version__, "diffusers": diffusers.__version__, "device": str(device),
-           "threads": torch.get_num_threads()}
-    for mod in ("cache_dit", "torchao", "sageattention", "triton"):
+    """``benchmarks.common.environment`` plus the peer libraries' versions."""
+    env = common.environment(device, "python -m benchmarks.peers " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    env["threads"] = torch.get_num_threads()
+    for mod in ("cache_dit", "torchao", "sageattention"):
         try:
             env[mod] = __import__(mod).__version__
         except Exception:  # not installed, or no version attribute
             env[mod] = None
-    if torch.device(device).type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-    else:
-        env["cpu"] = platform.processor() or platform.machine()
     return env
 
 
@@ -77,7 +70,7 @@ def quality(args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     gen = {**DEFAULT_GENERATION, "num_inference_steps": args.steps}
-    # the first --prompts of the 12 prompts of `python -m sixbit.bench quality` (its default set)
+    # the first --prompts of the 12 prompts of `python -m benchmarks quality` (its default set)
     prompts = prompt_set(7, max(12, args.prompts), split="train")[:args.prompts]
     seeds = list(range(args.seeds))
     run = Path(args.run_dir or Path(tempfile.gettempdir()) / "sixbit-peers" / f"mini_{args.steps}")

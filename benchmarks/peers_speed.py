@@ -114,7 +114,7 @@ def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]
 
 def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
     """One forced mode of one row on a fresh random-weight pipeline: warm-up call, then the timed call."""
-    from sixbit.bench import random_cogvideox
+    from benchmarks.common import random_cogvideox
 
     pipe = random_cogvideox(size, device, dtype, text_encoder=False)
     call = _call(pipe, size, args, device, dtype)
@@ -236,12 +236,12 @@ def _write(results: dict, out: Path, name: str) -> None:
 def weights(args) -> dict:
     """Transformer weight bytes at real sizes of the rows that change weights and run on the CPU (torchao
     int8), beside the bf16 model: a random-weight transformer built in bf16 on the CPU, as
-    ``python -m sixbit.bench weights`` does for sixbit's rows (the byte count does not depend on the values or
+    ``python -m benchmarks weights`` does for sixbit's rows (the byte count does not depend on the values or
     the device). fp8 and sixbit's GPU rows are measured by ``speed`` on the device."""
     from diffusers import CogVideoXTransformer3DModel
 
+    from benchmarks.common import SIZES
     from benchmarks.peers import environment
-    from sixbit.bench import SIZES
 
     out: dict[str, Any] = {"benchmark": "peers_weights", "environment": environment("cpu"), "models": {}}
     for size in args.sizes:
@@ -270,6 +270,6 @@ def weights_markdown(out: dict) -> str:
           "| model | row | transformer weights GiB |", "|---|---|---|"]
     md += [f"| CogVideoX-{size.upper()} | {'bf16 model, no tool' if n == 'baseline' else ROWS[n].label} | "
            f"{e['weight_bytes'] / 2**30:.3f} |" for size, rows in out["models"].items() for n, e in rows.items()]
-    md += ["", "sixbit's rows at the same sizes: `benchmarks/results/weights.md` (`python -m sixbit.bench weights`).", "",
+    md += ["", "sixbit's rows at the same sizes: `benchmarks/results/weights.md` (`python -m benchmarks weights`).", "",
            "- " + "\n- ".join(f"{k}: `{v}`" for k, v in out["environment"].items() if v is not None), ""]
     return "\n".join(md)
