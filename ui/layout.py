@@ -38,8 +38,8 @@ live, then compare with the full-precision baseline.
 
 CPU_NOTE = """\
 **On this CPU, quantization is simulated.** The 6Bit run computes NVFP4 and INT8 in plain torch (the values
-are rounded to 4 and 8 bits, then multiplied in 32-bit floats), so a computed layer costs what the baseline's
-costs; the only saving here is the blocks the Temporal Delta Cache skips. On a GPU the speed comes from
+are rounded to 4 and 8 bits, then multiplied in 32-bit floats), so a computed layer costs more than the
+baseline's; the only saving here is the blocks the Temporal Delta Cache skips. On a GPU the speed comes from
 low-bit arithmetic as well: INT8 tensor cores (Hopper, Ada, Ampere), native FP4 tensor cores (Blackwell), and
 4-bit weights that move a quarter of the bytes — plus the same skipping.
 """
