@@ -8,7 +8,7 @@ packed weight dequantized on every call, the activations' E2M1 codes packed and 
 shows both. One profiled 6Bit run (cProfile, process time) splits the quantized linears' time into the GEMM,
 the activations' simulated quantization and the weight dequantization::
 
-    python benchmarks/app_cpu.py --threads 1 --reps 3 --out benchmarks/results/app_cpu
+    python -m benchmarks app_cpu --threads 1 --reps 3 --out benchmarks/results/app_cpu
 
 Writes ``<out>.json`` and ``<out>.md``.
 """
@@ -28,15 +28,13 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import app  # noqa: E402
+import app  # noqa: E402  (the repository root is on sys.path under `python -m benchmarks`)
 import sixbit  # noqa: E402
-from sixbit import bench  # noqa: E402
-from sixbit import formats as F  # noqa: E402
+from benchmarks.common import environment  # noqa: E402
+from sixbit import formats as fmt  # noqa: E402
 from sixbit._kernels import kernels as sk  # noqa: E402
 
 PROMPT = "a red circle moving right on a black background"
@@ -57,7 +55,7 @@ def _cpu_s() -> float:
 def legacy_path() -> None:
     """The simulated path before issue 16 (same numbers, more work)."""
     sk.ops._dense_weight = lambda packed, fmt: packed.weight(fmt).dequantize(torch.float32)
-    F.fake_quantize_nvfp4 = lambda x, ts=None, *, check_finite=True: F.quantize_nvfp4(
+    fmt.fake_quantize_nvfp4 = lambda x, ts=None, *, check_finite=True: fmt.quantize_nvfp4(
         x, ts, check_finite=check_finite).dequantize(torch.float32)
 
 
@@ -116,8 +114,8 @@ def main():
                           [sum(v[3] for (f, _, name), v in st.items() if f.endswith(fname) and name == func)])
                for label, fname, func in PARTS}
         prof[phase] = {"total_cpu_s": total, **cum}
-    cmd = "python benchmarks/app_cpu.py " + " ".join(sys.argv[1:])
-    env = {**bench.environment(torch.device("cpu")), "command": cmd, "cpu_count": os.cpu_count(),
+    cmd = "python -m benchmarks app_cpu " + " ".join(sys.argv[1:])
+    env = {**environment(torch.device("cpu"), cmd), "command": cmd, "cpu_count": os.cpu_count(),
            "load_avg_1min": os.getloadavg()[0]}
     res = {"environment": env, "params": params, "preset": "balanced", "legacy": args.legacy, "reps": rows,
            "median": med, "profile": prof, "sixbit_summary": summary}
