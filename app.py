@@ -128,6 +128,10 @@ class ModelStore:
         self._ids: dict[str, dict] = {}
         self._lock = threading.Lock()
 
+    def loaded(self, model_id: str):
+        """The pipeline if it is loaded already, else None (never loads)."""
+        return self._pipes.get(model_id)
+
     def pipeline(self, model_id: str):
         with self._lock:
             if model_id not in self._pipes:
@@ -289,13 +293,32 @@ def _run_pipeline(pipe, gen_defaults: dict, params: dict, phase: str, handle, em
 
 
 def gpu_duration(job_id=None, model_id=None, params=None, preset=None, overrides=None, need_baseline=True):
-    """ZeroGPU time to reserve (s): scaled from CogVideoX-5B's ~1.8 s/step at 49×480×720 on an H200,
-    ×1.5 margin, for one or two runs, plus 30 s for text encoding, VAE decode and start-up."""
+    """ZeroGPU time to reserve (s): ``sixbit.costs``' bf16 step time for this request's size, model and GPU
+    (measured on the H200, scaled by the GPU's bf16 rate; ZeroGPU's RTX Pro 6000 Blackwell ≈ half an
+    H200), ×1.5 margin, for one or two runs (6Bit is budgeted at bf16 cost: on Hopper/Blackwell it is no
+    slower, skipped blocks only shorten it), plus 30 s for loading, text encoding and the VAE decode;
+    between 30 and 300 s."""
+    from sixbit import costs
+
     p = params or {}
-    tokens = ((p.get("frames", 49) - 1) // 4 + 1) * (p.get("height", 480) // 16) * (p.get("width", 720) // 16)
-    per_step = max(0.05, 1.8 * tokens / 17550)
+    tokens = ((p.get("frames", 49) - 1) // 4 + 1) * (p.get("height", 480) // 16) * (p.get("width", 720) // 16) + 226
+    pipe = _STORE.loaded(model_id) if _STORE is not None and model_id else None
+    shape = costs.TransformerShape.of(pipe.transformer) if pipe is not None else costs.COGVIDEOX_5B
+    per_step = costs.step_seconds(shape, tokens, gpu_name())
     runs = 2 if need_baseline else 1
     return int(min(300, max(30, 30 + 1.5 * runs * p.get("steps", 50) * per_step)))
+
+
+def gpu_name() -> str | None:
+    """The GPU the job will run on: ``SIXBIT_GPU_NAME`` if set; on ZeroGPU its current hardware (RTX Pro
+    6000 Blackwell since May 2026: the GPU is not visible outside the GPU function); else CUDA's name."""
+    if os.environ.get("SIXBIT_GPU_NAME"):
+        return os.environ["SIXBIT_GPU_NAME"]
+    if spaces is not None and os.environ.get("SPACES_ZERO_GPU"):
+        return "NVIDIA RTX PRO 6000 Blackwell"
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
 @gpu(duration=gpu_duration)

@@ -210,6 +210,8 @@ class DenoiserHook(ModelHook):
             run.trace.peak_mem_bytes = int(torch.cuda.max_memory_allocated(dev))
         run.trace.add_time(call.step, time.perf_counter() - call.t0)
         run.trace.extra["schedule_overrides"] = run.schedule_overrides
+        # what really ran: the kernels' load-time self-check may have replaced a route during this step
+        run.trace.compute_path = ops().compute_path(dev)
         if call.num_steps is not None and call.step >= call.num_steps - 1:
             # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
             # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)

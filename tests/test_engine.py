@@ -14,7 +14,7 @@ from sixbit.testing import generate, save_and_reload, tiny_cogvideox_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-COMPUTE_PATHS = {"cpu-reference", "cuda-reference", "hopper-triton", "blackwell-native (unverified)"}
+COMPUTE_PATHS = {"cpu-reference", "cuda-reference", "hopper-triton", "portable-triton", "blackwell-native (unverified)"}
 
 
 @pytest.fixture()

@@ -158,9 +158,13 @@ def test_broken_kernel_end_to_end_video_is_correct(monkeypatch, one_thread):
     monkeypatch.setattr(ops, "gemm_w8a8", _garbage_for({"hopper", "portable"}, real))
     with selfcheck.interpreter_dispatch(HOPPER):
         with pytest.warns(RuntimeWarning, match="w8a8/small on cpu: portable-triton failed"):
-            with sixbit.apply(pipe, SixBitConfig.preset("w8a8")):
+            with sixbit.apply(pipe, SixBitConfig.preset("w8a8")) as handle:
                 out = generate(pipe, **call)
+                traced = handle.trace.to_dict()["compute_path"]
         assert ops.compute_path("cpu") == "hopper-triton; self-check fallback: w8a8/small → torch"
+        assert traced == ops.compute_path("cpu")  # the trace (and the app's compute-path line) shows it
+        from ui.handlers import explain_compute_path
+        assert "`w8a8/small → torch`" in explain_compute_path(traced)
         assert selfcheck.status("cpu")["block_stats/torch.float32"]["impl"] == "triton"  # checked, healthy
     assert torch.equal(out, ref)
     monkeypatch.setattr(ops, "gemm_w8a8", _garbage_for({"hopper"}, real))

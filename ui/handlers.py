@@ -48,9 +48,23 @@ COMPUTE_PATHS = {
     "hopper-triton": "Hopper Triton kernels — INT8 on tensor cores; NVFP4 weights are decoded to 16 bits "
                      "once per layer call and multiplied on the 16-bit tensor cores (Hopper has no FP4 units: "
                      "a memory win, not an FP4-compute win).",
+    "portable-triton": "Portable Triton kernels (capability 8.0+, no Hopper-only features) — INT8 on tensor "
+                       "cores; NVFP4 weights decoded to 16 bits and multiplied at 16-bit rate (a memory win). "
+                       "Measured only on an H200 with the portable variant forced (docs/KERNELS.md).",
     "blackwell-native (unverified)": "Blackwell native FP4 tensor cores — unverified: this path has "
                                      "not been run by the project.",
 }
+
+
+def explain_compute_path(path: str) -> str:
+    """The sentence for each part of ``ops.compute_path``'s string: ``[blackwell-native (unverified) + ]base``
+    and, when the load-time self-check replaced a route, ``; self-check fallback: …`` (said as such)."""
+    head, _, fallback = path.partition("; self-check fallback: ")
+    parts = [COMPUTE_PATHS.get(p.strip(), "") for p in head.split(" + ")]
+    if fallback:
+        parts.append(f"**Self-check fallback:** a kernel failed its load-time check against the torch reference "
+                     f"on this device, so these routes ran on a safe path instead: `{fallback}`.")
+    return " ".join(p for p in parts if p)
 
 
 @dataclass
@@ -253,7 +267,7 @@ class DemoController:
         trace = six.trace or {}
         path = trace.get("compute_path", "unknown")
         device = trace.get("device") or six.extra.get("device") or info.device
-        explain = COMPUTE_PATHS.get(path, "")
+        explain = explain_compute_path(path)
         return (f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}")
 
     # ---------------------------------------------------------------- handlers
