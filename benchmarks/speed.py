@@ -66,6 +66,39 @@ def _run_denoise(pipe, call: dict, steps: int, device) -> tuple[float, list[floa
 
 
 
+#: a timed step slower than this × the median of its kind (same number of computed block evaluations)
+#: is reported: a first-use compile or another one-off inside the timed loop
+STEP_OUTLIER_RATIO = 1.2
+
+
+def step_kinds(trace: dict | None, n_steps: int) -> list[int]:
+    """Per step, its kind: the number of block evaluations computed in it (all branches) — from a sixbit
+    trace; without one (the bf16 rows) every step computes everything and is of one kind."""
+    if trace is None:
+        return [0] * n_steps
+    kinds = []
+    for st in trace["steps"][:n_steps]:
+        branches = [st, *(st.get("other_branches") or {}).values()]
+        kinds.append(sum(1 for br in branches for b in br.get("blocks", []) if b and b.get("computed")))
+    return kinds + [0] * (n_steps - len(kinds))
+
+
+def step_outliers(step_s: list[float], kinds: list[int], ratio: float = STEP_OUTLIER_RATIO) -> dict[str, Any]:
+    """Steps slower than ``ratio`` × the median step of their kind: ``{"ratio", "worst", "outliers":
+    [{"step", "kind", "s", "median_s"}], "kinds"}`` (``worst``: the largest step / median-of-its-kind)."""
+    by_kind: dict[int, list[float]] = {}
+    for t, k in zip(step_s, kinds):
+        by_kind.setdefault(k, []).append(t)
+    med = {k: float(np.median(v)) for k, v in by_kind.items()}
+    worst, found = 0.0, []
+    for i, (t, k) in enumerate(zip(step_s, kinds)):
+        r = t / med[k] if med[k] > 0 else 1.0
+        worst = max(worst, r)
+        if r > ratio:
+            found.append({"step": i, "kind": k, "s": t, "median_s": med[k]})
+    return {"ratio": ratio, "worst": worst, "outliers": found, "kinds": list(kinds)}
+
+
 def speed(args) -> dict:
     import sixbit
     from sixbit import attention
@@ -110,13 +143,18 @@ def speed(args) -> dict:
                                           if use_sched else None)
                     entry["schedule_replayed"] = bool(use_sched)
                     entry["compute_path"] = handle.trace.to_dict().get("compute_path")
-                # warm-up (Triton compilation, cuDNN plans): a short loop
-                _run_denoise(pipe, call, 2, device)
+                # warm-up (Triton compilation, the kernels' load-time self-check, cuDNN plans): an
+                # identical untimed loop, so every route × shape the timed loop meets has run once
+                t_warm = time.perf_counter()
+                _run_denoise(pipe, call, args.steps if args.warmup_steps is None else args.warmup_steps, device)
+                entry["warmup_s"] = time.perf_counter() - t_warm
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(device)
                 total, steps = _run_denoise(pipe, call, args.steps, device)
                 entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)))
+                trace = handle.trace.to_dict() if handle is not None else None
+                entry["step_check"] = step_outliers(steps, step_kinds(trace, len(steps)))
                 if device.type == "cuda":
                     entry["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
                 if handle is not None:
@@ -183,12 +221,19 @@ def _route_note(sched: dict | None) -> str:
                                         for r in ("nvfp4", "int8", "fp16")) + " of the linear evaluations")
 
 
+def _check_cell(check: dict | None) -> str:
+    if not check:
+        return "—"
+    bad = check["outliers"]
+    return f"{check['worst']:.2f}" + (f" ⚠ {len(bad)} step(s) > {check['ratio']}×" if bad else "")
+
+
 def render(results: dict, out: Path, name: str | None) -> None:
     """Write ``<name>.json`` and the markdown table rendered from it (``--render FILE`` re-renders a JSON
     file with the current renderer)."""
     env = results["environment"]
     md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
-          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after a 2-step warm-up. Random weights "
+          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise). Random weights "
           "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
           "sixbit-mini** with the full method (resampled to this depth and step count): which blocks are skipped "
           "and, for the DMPQ configurations, each computed block's routes (NVFP4 / INT8 / 16-bit for PDR), "
@@ -203,11 +248,12 @@ def render(results: dict, out: Path, name: str | None) -> None:
         md += [f"## CogVideoX-{size.upper()} — {c.get('num_frames')} frames {c.get('height')}×{c.get('width')}, "
                f"{rec['steps']} steps, {rec['transformer_params'] / 1e9:.2f} B transformer parameters", "",
                "| configuration | denoise s | median step ms | speed-up | skipped | act bits | peak GiB | "
-               "transformer weights GiB | path |", "|---|---|---|---|---|---|---|---|---|"]
+               "transformer weights GiB | slowest step ÷ its kind's median | path |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
         bf16_w = rec["transformer_weight_bytes_bf16"]
         for e in rec["configs"].values():
             if "error" in e:
-                md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | |")
+                md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | | |")
                 continue
             sp = f"{base / e['denoise_s']:.2f}×" if base else "—"
             wb = resident_weight_bytes(e, rec)
@@ -215,7 +261,7 @@ def render(results: dict, out: Path, name: str | None) -> None:
                       f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
                       f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
                       f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
-                      f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | "
+                      f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | {_check_cell(e.get('step_check'))} | "
                       f"{e.get('compute_path', 'torch bf16')} |")
         md.append("")
     md += [env_md(env), ""]
@@ -226,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", default=["2b"], choices=["tiny", "2b", "5b"])
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="steps of the untimed warm-up loop (default: as many as the timed loop, so every "
+                        "route and shape it meets is compiled and self-checked before timing)")
     p.add_argument("--frames", type=int, default=49)
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=720)

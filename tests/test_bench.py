@@ -63,6 +63,11 @@ def test_speed_smoke_at_tiny_size(out, one_thread):
         assert "error" not in e, e.get("error")
         assert e["denoise_s"] > 0
     assert rec["configs"]["w8a8"]["avg_act_bits"] == pytest.approx(8.0)
+    for e in rec["configs"].values():  # an identical warm-up loop ran, and every timed step was checked
+        assert e["warmup_s"] > 0 and e["step_check"]["worst"] >= 1.0 and len(e["step_s"]) == 3
+    # the kinds come from the real trace (computed block evaluations per step); bf16 has one kind
+    assert min(rec["configs"]["w8a8"]["step_check"]["kinds"]) > 0
+    assert set(rec["configs"]["bf16"]["step_check"]["kinds"]) == {0}
     md = (out / "s.md").read_text()
     assert "| bf16 diffusers baseline |" in md and "| static W8A8 |" in md
     # re-rendering the JSON gives the same table
@@ -154,3 +159,17 @@ def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
     # every part is back where it was, unwrapped: a plain call works again
     assert not any(type(m).__name__ == "SixBitLinear" for m in [*pipe.transformer.modules(), *pipe.text_encoder.modules()])
     pipe(**call, num_inference_steps=1, output_type="latent")
+
+
+def test_step_check_flags_a_slow_step_against_its_own_kind():
+    """A step is compared with the median of the steps that computed as many blocks: a compile inside the
+    timed loop (one slow computed step) is flagged; skipped-heavy steps being faster is not."""
+    steps = [0.60, 0.61, 1.30, 0.59, 0.20, 0.21, 0.22, 0.60]
+    kinds = [10, 10, 10, 10, 2, 2, 2, 10]
+    check = speed.step_outliers(steps, kinds)
+    assert [o["step"] for o in check["outliers"]] == [2] and check["worst"] == pytest.approx(1.3 / 0.60)
+    assert speed.step_outliers([0.6, 0.61, 0.59], [10, 10, 10])["outliers"] == []
+    trace = {"steps": [{"blocks": [{"computed": True}, {"computed": False}]},
+                       {"blocks": [{"computed": True}, {"computed": True}],
+                        "other_branches": {"uncond": {"blocks": [{"computed": False}, {"computed": True}]}}}]}
+    assert speed.step_kinds(trace, 2) == [1, 3] and speed.step_kinds(None, 3) == [0, 0, 0]
