@@ -26,12 +26,12 @@ import time
 import traceback
 
 import torch
-import torch.nn.functional as tF
+import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from sixbit import formats as F
+from sixbit import formats as spec
 from sixbit._kernels import kernels as sk
 
 fa = sk.attention_fp8
@@ -75,7 +75,7 @@ def _fp32_rows(q, k, v, rows):
 def _sdpa(backend):
     def run(q, k, v):
         with sdpa_kernel(backend):
-            return tF.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v)
     return run
 
 
@@ -113,7 +113,7 @@ def measure_shape(name, B, H, S, D, best, log):
         ref = _fp32_rows(q, k, v, rows_idx)
         for m, fn in methods.items():
             try:
-                errors[m]["K outliers" if outl else "normal"] = float(F.relative_error(fn(q, k, v)[:, :, rows_idx], ref))
+                errors[m]["K outliers" if outl else "normal"] = float(spec.relative_error(fn(q, k, v)[:, :, rows_idx], ref))
             except Exception as e:  # noqa: BLE001
                 errors[m]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         del ref

@@ -54,12 +54,12 @@ import torch
 import triton
 import triton.language as tl
 
-from sixbit import formats as F
+from sixbit import formats as spec
 
 from ._common import absbits, cast_out, cdiv, check_launchable, hadamard_blockdiag, rne_int
 
 LOG2E = 1.4426950408889634
-assert F.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _attn_block
+assert spec.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _attn_block
 
 #: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages), the fastest of
 #: ``benchmarks/attention.py --sweep`` on the H200 (benchmarks/results/attention_h200*.md); 32 is untuned
@@ -198,7 +198,7 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
     B, H, S, D = k.shape
     block_n = block_n or CONFIGS[D][1]
     interp = check_launchable(k, v)
-    mean, vamax = F.attention_kv_stats(k, v, smooth=smooth)
+    mean, vamax = spec.attention_kv_stats(k, v, smooth=smooth)
     S_pad = cdiv(max(S, 1), block_n) * block_n
     dt8 = torch.int8 if qk == "int8" else torch.float8_e4m3fn
     k8 = torch.empty(B * H, S_pad, D, dtype=dt8, device=k.device)
@@ -214,7 +214,7 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
 
 def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
     """``[B, H, D]`` V amax → ``[BH, D]`` dequantization scales (``formats.attention_scale``)."""
-    return F.attention_scale(vamax, "fp8")[1].reshape(-1, vamax.shape[-1]).contiguous()
+    return spec.attention_scale(vamax, "fp8")[1].reshape(-1, vamax.shape[-1]).contiguous()
 
 
 # ------------------------------------------------------------------------------------- attention
@@ -362,8 +362,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _check_qkv(q, k, v, qk):
-    if qk not in F.ATTN_QK_FORMATS:
-        raise ValueError(f"qk must be one of {F.ATTN_QK_FORMATS}, got {qk!r}")
+    if qk not in spec.ATTN_QK_FORMATS:
+        raise ValueError(f"qk must be one of {spec.ATTN_QK_FORMATS}, got {qk!r}")
     if not supported(q, k, v):
         raise ValueError(f"8-bit attention: unsupported q/k/v shapes {tuple(q.shape)} / {tuple(k.shape)} / "
                          f"{tuple(v.shape)} or dtypes {q.dtype}/{k.dtype}/{v.dtype} (need [B, H, S, D], D in "

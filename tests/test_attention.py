@@ -110,8 +110,8 @@ def test_fp8_route_matches_the_spec_and_sdpa():
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 19, 32, generator=g).to(DEV) for _ in range(3))
     o, ran = attend(q, k, v, "fp8", allow_cpu=True)
-    from sixbit import formats as F
-    exp = F.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=sk.attention_fp8.CONFIGS[32][1])
+    from sixbit import formats as spec
+    exp = spec.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=sk.attention_fp8.CONFIGS[32][1])
     exp = exp.transpose(1, 2).reshape(2, 19, 64)
     tol = 1e-5 if DEV == "cpu" else 2e-2 * float(exp.abs().max())  # GPU: fp8 MMA sums, P8 rounding flips
     torch.testing.assert_close(o.cpu(), exp, rtol=0, atol=tol)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from sixbit import formats as F
+from sixbit import formats as spec
 from sixbit._kernels import kernels as sk
 
 fa = sk.attention_fp8
@@ -42,7 +42,7 @@ def _run(q, k, v, **kw):
     out = fa.fp8_attention(q.to(DEV), k.to(DEV), v.to(DEV), config=cfg,
                            kv_len=None if kv_len is None else kv_len.to(DEV), **kw)
     bn = (cfg or fa.CONFIGS[q.shape[-1]])[1]
-    ref = F.attention_fp8_reference(q, k, v, block_n=bn, kv_len=kv_len, **kw)
+    ref = spec.attention_fp8_reference(q, k, v, block_n=bn, kv_len=kv_len, **kw)
     return out.float().cpu(), ref
 
 
@@ -61,7 +61,7 @@ def test_kv_pass_matches_the_spec(qk, rotate):
     q, k, v = _qkv(S=45, D=32)
     k[..., 3] *= 20  # an outlier channel
     kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=16, qk=qk, rotate=rotate)
-    ref = F.attention_quantize_kv(k, v, block_n=16, qk=qk, rotate=rotate)
+    ref = spec.attention_quantize_kv(k, v, block_n=16, qk=qk, rotate=rotate)
     B, H, S_pad, D = ref["k"].shape
     assert kv.k.shape == (B * H, S_pad, D) and kv.v.shape == (B * H, D, S_pad)
     torch.testing.assert_close(kv.k_scale.cpu(), ref["k_scale"].view(B * H, -1), rtol=0 if not rotate else 1e-6,
@@ -106,7 +106,7 @@ def test_key_padding_length():
     out, ref = _run(q, k, v, kv_len=kv_len, config=CFG)
     _close(out, ref)
     exact = _sdpa(q, k, v, kv_len)
-    assert float(F.relative_error(out, exact)) < 0.08
+    assert float(spec.relative_error(out, exact)) < 0.08
     assert torch.allclose(out[2], v[2, :, :1].float().expand_as(out[2]), rtol=0.07, atol=0.02)  # one key: V[0]
 
 
@@ -128,7 +128,7 @@ def test_magnitudes(case):
     _close(out, ref)
     assert bool(torch.isfinite(out).all())
     unit = float(v.abs().max())  # keeps ‖·‖² inside fp32 for the huge/tiny cases
-    err = F.relative_error(out / unit, _sdpa(q, k, v) / unit)
+    err = spec.relative_error(out / unit, _sdpa(q, k, v) / unit)
     assert float(err) < (0.2 if case == "outlier_channels" else 0.08)
 
 
@@ -151,8 +151,8 @@ def test_spec_accuracy_vs_fp32():
     """The spec itself: close to fp32 attention on random inputs (the GPU benchmark measures the kernel)."""
     q, k, v = _qkv(S=64, S_kv=256, D=64, seed=7)
     exact = _sdpa(q, k, v)
-    assert float(F.relative_error(F.attention_fp8_reference(q, k, v), exact)) < 0.08
-    assert float(F.relative_error(F.attention_fp8_reference(q, k, v, qk="int8", rotate=True), exact)) < 0.06
+    assert float(spec.relative_error(spec.attention_fp8_reference(q, k, v), exact)) < 0.08
+    assert float(spec.relative_error(spec.attention_fp8_reference(q, k, v, qk="int8", rotate=True), exact)) < 0.06
 
 
 def test_strided_views_and_out_buffer():
@@ -164,7 +164,7 @@ def test_strided_views_and_out_buffer():
     buf = torch.empty(B, S, H, D, dtype=torch.bfloat16, device=DEV)
     out = fa.fp8_attention(q, k, v, out=buf.transpose(1, 2), config=CFG)
     assert out.data_ptr() == buf.data_ptr()
-    ref = F.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=CFG[1])
+    ref = spec.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=CFG[1])
     _close(buf.transpose(1, 2).float().cpu(), ref)
 
 
