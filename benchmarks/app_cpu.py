@@ -35,7 +35,7 @@ import app  # noqa: E402  (the repository root is on sys.path under `python -m b
 import sixbit  # noqa: E402
 from benchmarks.common import environment  # noqa: E402
 from sixbit import formats as fmt  # noqa: E402
-from sixbit._kernels import kernels as sk  # noqa: E402
+from sixbit import kernels as sk  # noqa: E402
 
 PROMPT = "a red circle moving right on a black background"
 #: profile rows: (label, function name pattern in cProfile's "file:line(name)")

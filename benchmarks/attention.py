@@ -32,7 +32,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 from sixbit import formats as spec
-from sixbit._kernels import kernels as sk
+from sixbit import kernels as sk
 
 fa = sk.attention_fp8
 

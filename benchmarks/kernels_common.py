@@ -14,7 +14,7 @@ import torch
 from triton.testing import do_bench
 
 from sixbit import formats as spec
-from sixbit._kernels import kernels as sk
+from sixbit import kernels as sk
 
 ops, g4, g8, hq, targets = sk.ops, sk.gemm_w4, sk.gemm_w8a8, sk.hadamard_quant, sk.targets
 

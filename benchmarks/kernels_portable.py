@@ -27,7 +27,7 @@ import triton
 from triton.testing import do_bench
 
 from sixbit import formats as spec
-from sixbit._kernels import kernels as sk
+from sixbit import kernels as sk
 
 ops, targets = sk.ops, sk.targets
 

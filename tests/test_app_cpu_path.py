@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sixbit import formats as spec
-from sixbit._kernels import kernels as sk
+from sixbit import kernels as sk
 
 
 def _awkward(seed: int) -> torch.Tensor:

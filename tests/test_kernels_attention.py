@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sixbit import formats as spec
-from sixbit._kernels import kernels as sk
+from sixbit import kernels as sk
 
 fa = sk.attention_fp8
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -12,7 +12,7 @@ import torch
 import sixbit
 from sixbit import SixBitConfig
 from sixbit import formats as spec
-from sixbit._kernels import kernels as sk
+from sixbit import kernels as sk
 from sixbit.dmpq import gamma_sums
 from sixbit.tdc import delta_change_sums
 from sixbit.testing import generate, tiny_cogvideox_pipeline

@@ -33,7 +33,7 @@ def results(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9's default, stated to silence its warning
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from sixbit._kernels import kernels; from sixbit_kernels import aot; "
+        [sys.executable, "-c", "import sys; from sixbit import kernels; from sixbit_kernels import aot; "
          f"sys.exit(aot.main(['--caps', '{','.join(map(str, CAPS))}', '--json', {str(out)!r}]))"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )

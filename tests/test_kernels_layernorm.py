@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from sixbit._kernels import kernels as sk  # noqa: E402  (registers sixbit_kernels)
+from sixbit import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 ln = sk.layernorm
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from sixbit import formats as spec  # noqa: E402
-from sixbit._kernels import kernels as sk  # noqa: E402
+from sixbit import kernels as sk  # noqa: E402
 
 ops, selfcheck, targets = sk.ops, sk.selfcheck, sk.targets
 
