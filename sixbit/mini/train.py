@@ -122,7 +122,257 @@ def decay_factor(step: int, total: int, frac: float, begin: int = 0) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
-class Trainer:
+class _DataPhases:
+    """Trainer phases 1–2 (methods of :class:`Trainer`, which holds the state): the VAE, then the latent
+    pool the denoiser trains on."""
+
+    # -- phase 1: VAE -----------------------------------------------------------------------------
+    def train_vae(self):
+        a = self.a
+        self.vae.train()
+        self.vae.requires_grad_(True)
+        deadline = a.vae_minutes * 60
+        if a.vae_steps <= 0 and "vae_total" in self.state:
+            a.vae_steps = self.state["vae_total"]
+        auto = a.vae_steps <= 0
+        total = a.vae_steps if not auto else 10**9
+        while self.state["vae_step"] < total and self.elapsed() < deadline:
+            s = self.state["vae_step"]
+            if auto:
+                total = self.auto_steps("vae", s, 0, deadline, total)
+            if a.vae_video_every <= 1 or s % a.vae_video_every == 0:  # a batch of 17-frame clips
+                sc = D.sample_scenes(step_rng(a.seed, 1, s), a.vae_batch, split="train")
+                x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
+            else:  # a batch of single frames (the 1-frame path of the same VAE): 17x cheaper per sample
+                n = max(1, a.vae_image_batch // 4)
+                sc = D.sample_scenes(step_rng(a.seed, 1, s), n, split="train")
+                x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
+                fi = torch.randint(0, M.NUM_FRAMES, (n, 4), generator=torch_gen(a.seed, 6, s, self.dev), device=self.dev)
+                ar = torch.arange(n, device=self.dev)[:, None]
+                x = x.permute(0, 2, 1, 3, 4)[ar, fi].reshape(n * 4, 3, 1, M.SIZE, M.SIZE)
+                alpha = alpha[ar, fi].reshape(n * 4, 1, M.SIZE, M.SIZE)
+            w = 1.0 + 8.0 * alpha.unsqueeze(1)
+            for g in self.vae_opt.param_groups:
+                # cosine to 0.1 once the step count is known (from step 60 on, also when it is given,
+                # so that re-running with the logged count repeats an auto-sized run exactly)
+                g["lr"] = g["lr_mult"] * lr_at(s, a.vae_lr, 100) * (
+                    1.0 if total >= 10**9 or s < 60 else 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))) * 0.9 + 0.1)
+            with torch.autocast(**self.amp):
+                post = self.vae.encode(x).latent_dist
+                z = post.mean + post.std * torch.randn(post.mean.shape, generator=torch_gen(a.seed, 2, s, self.dev),
+                                                       device=self.dev, dtype=post.mean.dtype)
+                rec = self.vae.decode(z).sample
+            err = rec.float() - x
+            rec_loss = (w * err.abs()).mean() + (w * err * err).mean()
+            kl = 0.5 * (post.mean.float() ** 2 + post.var.float() - 1.0 - post.logvar.float()).mean()
+            loss = rec_loss + a.kl_weight * kl
+            self.vae_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.vae.parameters(), 1.0)
+            self.vae_opt.step()
+            self.state["vae_step"] = s + 1
+            if s % a.log_every == 0:
+                psnr = -10 * math.log10(max(((err / 2) ** 2).mean().item(), 1e-10))
+                self.log["vae"].append({"step": s, "t": round(self.elapsed(), 1), "loss": loss.item(),
+                                        "rec": rec_loss.item(), "kl": kl.item(), "psnr": psnr})
+                self.event(f"vae {s:5d} loss {loss.item():.4f} kl {kl.item():.3f} psnr {psnr:.2f}")
+            if time.time() - self.last_ckpt > a.ckpt_every:
+                self.save_ckpt()
+        self.vae.eval()
+        self.vae.requires_grad_(False)
+        self.state["phase"] = "pool"
+        self.event(f"vae done at step {self.state['vae_step']}")
+
+    # -- phase 2: latent pool ---------------------------------------------------------------------
+    def _pool_key(self) -> dict:
+        a = self.a
+        return {"seed": a.seed, "pool": a.pool, "pool_batch": a.pool_batch, "object_weight": a.object_weight > 0,
+                "vae_step": self.state["vae_step"]}
+
+    @torch.no_grad()
+    def build_pool(self):
+        a = self.a
+        self.vae.eval()
+        self.vae.requires_grad_(False)
+        cache = self.out / "pool.pt"
+        if a.pool_cache and cache.exists():  # a resumed run: the same seeded pool, without re-rendering it
+            c = torch.load(cache, map_location=self.dev, weights_only=False)
+            if c["key"] == self._pool_key():
+                self.pool_mean, self.pool_std, self.pool_ids = c["mean"], c["std"], c["ids"]
+                self.pool_masks, self.pool_labels = c["masks"], c["labels"]
+                self.vae.register_to_config(scaling_factor=self.state["scaling_factor"])
+                self.state["phase"] = "dit"
+                self.log["pool_clips"] = len(self.pool_mean)
+                self.event(f"pool of {len(self.pool_mean)} clips loaded from {cache}")
+                return
+            self.event(f"{cache} is for {c['key']}, not {self._pool_key()}: rebuilding the pool")
+        n = a.pool
+        means, stds, ids, masks, labels = [], [], [], [], {k: [] for k in _AUX_SIZES}
+        chunk = a.pool_batch
+        for i0 in range(0, n, chunk):
+            sc = D.sample_scenes(step_rng(a.seed, 3, i0), min(chunk, n - i0), split="train")
+            x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
+            with torch.autocast(**self.amp):
+                post = self.vae.encode(x).latent_dist
+            if a.object_weight > 0:
+                masks.append((latent_mask(alpha) * 255).round().to(torch.uint8))
+            means.append(post.mean.to(torch.bfloat16))
+            stds.append(post.std.to(torch.bfloat16))
+            ids.append(M.tokenize(self.tok, sc.captions()).to(self.dev))
+            for k, v in aux_labels(sc).items():
+                labels[k].append(torch.from_numpy(v))
+            if self.elapsed() > a.pool_deadline_minutes * 60:
+                self.event(f"pool stopped early at {i0 + chunk} clips (time)")
+                break
+        self.pool_mean = torch.cat(means)
+        self.pool_std = torch.cat(stds)
+        self.pool_ids = torch.cat(ids)
+        self.pool_masks = torch.cat(masks) if masks else None
+        self.pool_labels = {k: torch.cat(v).to(self.dev) for k, v in labels.items()}
+        if self.state["scaling_factor"] is None:
+            m = self.pool_mean[:2048].float()
+            s = self.pool_std[:2048].float()
+            z = m + s * torch.randn(m.shape, generator=torch_gen(a.seed, 4, 0, self.dev), device=self.dev)
+            self.state["scaling_factor"] = float(1.0 / z.std().item())
+            self.event(f"latent mean {z.mean().item():.4f} std {z.std().item():.4f} -> scaling_factor "
+                       f"{self.state['scaling_factor']:.5f}")
+        self.vae.register_to_config(scaling_factor=self.state["scaling_factor"])
+        self.state["phase"] = "dit"
+        self.log["pool_clips"] = len(self.pool_mean)
+        self.event(f"pool of {len(self.pool_mean)} clips ready")
+        if a.pool_cache:
+            torch.save({"key": self._pool_key(), "mean": self.pool_mean, "std": self.pool_std, "ids": self.pool_ids,
+                        "masks": self.pool_masks, "labels": self.pool_labels}, cache)
+            self.event(f"pool saved to {cache}")
+
+
+class _DenoiserPhases:
+    """Trainer phase 3 and the export (methods of :class:`Trainer`): the denoiser + text encoder, and the
+    pipeline folder written from their EMA weights."""
+
+    # -- phase 3: denoiser + text encoder ----------------------------------------------------------
+    def train_dit(self):
+        a = self.a
+        self.tr.train()
+        self.te.train()
+        sf = self.state["scaling_factor"]
+        lat_f = (M.NUM_FRAMES - 1) // 4 + 1
+        rope = self.pipe._prepare_rotary_positional_embeddings(M.SIZE, M.SIZE, lat_f, self.dev)
+        empty = M.tokenize(self.tok, [""]).to(self.dev)
+        P = len(self.pool_mean)
+        stop_at = a.minutes * 60 - a.reserve_seconds
+        t_last = time.time()
+        if a.dit_steps <= 0 and "dit_total" in self.state:
+            a.dit_steps = self.state["dit_total"]
+        auto = a.dit_steps <= 0
+        total = a.dit_steps if not auto else 10**9
+        s_begin = self.state["dit_step"]
+        stop_step = min(total, a.stop_after or total)
+        while self.state["dit_step"] < stop_step and self.elapsed() < stop_at:
+            s = self.state["dit_step"]
+            if auto:
+                total = self.auto_steps("dit", s, s_begin, stop_at, total)
+            g = torch_gen(a.seed, 5, s, self.dev)
+            idx = torch.randint(0, P, (a.batch,), generator=g, device=self.dev)
+            m, sd = self.pool_mean[idx].float(), self.pool_std[idx].float()
+            z = (m + sd * torch.randn(m.shape, generator=g, device=self.dev)) * sf
+            z = z.permute(0, 2, 1, 3, 4).contiguous()  # (B, F, C, H, W)
+            ids = self.pool_ids[idx]
+            drop = torch.rand(a.batch, generator=g, device=self.dev) < a.cfg_dropout
+            ids = torch.where(drop[:, None], empty.expand_as(ids), ids)
+            labels = {k: v[idx] for k, v in self.pool_labels.items()}
+            t = torch.randint(0, self.sched.config.num_train_timesteps, (a.batch,), generator=g, device=self.dev)
+            noise = torch.randn(z.shape, generator=g, device=self.dev)
+            zt = self.sched.add_noise(z, noise, t)
+            target = self.sched.get_velocity(z, noise, t)
+            for grp in self.dit_opt.param_groups:
+                grp["lr"] = lr_at(s - a.warmup_offset, a.lr, a.warmup) * decay_factor(s, total, a.decay_frac, a.warmup_offset)
+            with torch.autocast(**self.amp):
+                emb = self.te(ids)[0]
+                pred = self.tr(hidden_states=zt, encoder_hidden_states=emb, timestep=t, image_rotary_emb=rope,
+                               return_dict=False)[0]
+                keep = ~drop
+                aux = self.aux(emb[keep], ids[keep], {k: v[keep] for k, v in labels.items()})
+            sq = (pred.float() - target.float()) ** 2
+            loss = sq.mean()
+            if self.pool_masks is not None:  # weight the latent cells that hold objects
+                w = 1.0 + a.object_weight * (self.pool_masks[idx].float() / 255.0).unsqueeze(2)
+                diff_loss = (w * sq).mean() / w.mean()
+            else:
+                diff_loss = loss
+            objective = diff_loss + a.aux_weight * aux
+            self.dit_opt.zero_grad(set_to_none=True)
+            objective.backward()
+            gn = torch.nn.utils.clip_grad_norm_([p for grp in self.dit_opt.param_groups for p in grp["params"]], 1.0)
+            self.dit_opt.step()
+            decay = min(a.ema, (1 + s) / (10 + s))
+            ema_update(self.ema_tr, self.tr, decay)
+            ema_update(self.ema_te, self.te, decay)
+            self.state["dit_step"] = s + 1
+            if s % a.log_every == 0:
+                now = time.time()
+                rate = a.log_every / max(now - t_last, 1e-9) if s else 0.0
+                t_last = now
+                self.log["dit"].append({"step": s, "t": round(self.elapsed(), 1), "loss": loss.item(),
+                                        "aux": aux.item(), "grad_norm": gn.item(), "steps_per_s": rate})
+                self.event(f"dit {s:5d} loss {loss.item():.4f} aux {aux.item():.3f} gn {gn.item():.2f} "
+                           f"{rate:.2f} it/s")
+            if time.time() - self.last_ckpt > a.ckpt_every:
+                self.save_ckpt()
+                self.write_log()
+            if a.export_every and time.time() - self.last_export > a.export_every:
+                self.export()
+        self.state["phase"] = "done" if self.state["dit_step"] >= total else "dit"
+        self.event(f"dit stopped at step {self.state['dit_step']}")
+
+    # -- export -----------------------------------------------------------------------------------
+    def export(self):
+        a = self.a
+        tr = M.build_transformer()
+        tr.load_state_dict({k: v.float().cpu() for k, v in self.ema_tr.items()})
+        te = M.build_text_encoder()
+        te.load_state_dict({k: v.float().cpu() for k, v in self.ema_te.items()})
+        vae = M.build_vae(scaling_factor=self.state["scaling_factor"] or 1.0)
+        vae.load_state_dict({k: v.float().cpu() for k, v in self.vae.state_dict().items()})
+        pipe = M.assemble(vae, te.eval(), tr.eval(), M.build_tokenizer(), M.build_scheduler())
+        # fp16 storage for the big parts; the small text encoder stays fp32 so that a plain
+        # from_pretrained (diffusers loads its models as fp32, transformers keeps the stored dtype)
+        # gives an all-fp32 pipeline
+        pipe.transformer.to(torch.float16)
+        pipe.vae.to(torch.float16)
+        dst = self.out / "pipeline"
+        tmp = self.out / "pipeline.tmp"
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+        pipe.save_pretrained(tmp, safe_serialization=True)
+        meta = {
+            "seed": a.seed, "vae_steps": self.state["vae_step"], "dit_steps": self.state["dit_step"],
+            "scaling_factor": self.state["scaling_factor"], "pool_clips": self.log.get("pool_clips"),
+            "batch": a.batch, "vae_batch": a.vae_batch, "lr": a.lr, "device": str(self.dev),
+            "device_name": torch.cuda.get_device_name(self.dev) if self.dev.type == "cuda" else "cpu",
+            "wall_seconds": round(self.total_wall(), 1), "params": self.log["params"],
+            "max_text_len": M.MAX_TEXT_LEN,
+            "init_from": self.log.get("init_meta"),  # the run this one continued, if any
+        }
+        (tmp / "training.json").write_text(json.dumps(meta, indent=1))
+        if dst.exists():
+            import shutil
+
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+        if a.tar_to:
+            write_tar_parts(dst, Path(a.tar_to), "sixbit-mini.tar")
+        self.last_export = time.time()
+        self.write_log()
+        plot_losses(self.log, self.out / "loss.png")
+        self.event(f"exported pipeline (vae {self.state['vae_step']} / dit {self.state['dit_step']} steps) to {dst}")
+
+
+class Trainer(_DataPhases, _DenoiserPhases):
+    """The whole training run: state, checkpoints, log, and :meth:`run` through the phases."""
+
     def __init__(self, a):
         self.a = a
         self.dev = torch.device(a.device)
@@ -245,244 +495,6 @@ class Trainer:
         self.state[f"{phase}_total"] = total
         self.event(f"{phase}: {1 / sec:.2f} steps/s measured -> {total} steps fit the budget")
         return total
-
-    # -- phase 1: VAE -----------------------------------------------------------------------------
-    def train_vae(self):
-        a = self.a
-        self.vae.train()
-        self.vae.requires_grad_(True)
-        deadline = a.vae_minutes * 60
-        if a.vae_steps <= 0 and "vae_total" in self.state:
-            a.vae_steps = self.state["vae_total"]
-        auto = a.vae_steps <= 0
-        total = a.vae_steps if not auto else 10**9
-        while self.state["vae_step"] < total and self.elapsed() < deadline:
-            s = self.state["vae_step"]
-            if auto:
-                total = self.auto_steps("vae", s, 0, deadline, total)
-            if a.vae_video_every <= 1 or s % a.vae_video_every == 0:  # a batch of 17-frame clips
-                sc = D.sample_scenes(step_rng(a.seed, 1, s), a.vae_batch, split="train")
-                x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
-            else:  # a batch of single frames (the 1-frame path of the same VAE): 17x cheaper per sample
-                n = max(1, a.vae_image_batch // 4)
-                sc = D.sample_scenes(step_rng(a.seed, 1, s), n, split="train")
-                x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
-                fi = torch.randint(0, M.NUM_FRAMES, (n, 4), generator=torch_gen(a.seed, 6, s, self.dev), device=self.dev)
-                ar = torch.arange(n, device=self.dev)[:, None]
-                x = x.permute(0, 2, 1, 3, 4)[ar, fi].reshape(n * 4, 3, 1, M.SIZE, M.SIZE)
-                alpha = alpha[ar, fi].reshape(n * 4, 1, M.SIZE, M.SIZE)
-            w = 1.0 + 8.0 * alpha.unsqueeze(1)
-            for g in self.vae_opt.param_groups:
-                # cosine to 0.1 once the step count is known (from step 60 on, also when it is given,
-                # so that re-running with the logged count repeats an auto-sized run exactly)
-                g["lr"] = g["lr_mult"] * lr_at(s, a.vae_lr, 100) * (
-                    1.0 if total >= 10**9 or s < 60 else 0.5 * (1 + math.cos(math.pi * min(1.0, s / total))) * 0.9 + 0.1)
-            with torch.autocast(**self.amp):
-                post = self.vae.encode(x).latent_dist
-                z = post.mean + post.std * torch.randn(post.mean.shape, generator=torch_gen(a.seed, 2, s, self.dev),
-                                                       device=self.dev, dtype=post.mean.dtype)
-                rec = self.vae.decode(z).sample
-            err = rec.float() - x
-            rec_loss = (w * err.abs()).mean() + (w * err * err).mean()
-            kl = 0.5 * (post.mean.float() ** 2 + post.var.float() - 1.0 - post.logvar.float()).mean()
-            loss = rec_loss + a.kl_weight * kl
-            self.vae_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.vae.parameters(), 1.0)
-            self.vae_opt.step()
-            self.state["vae_step"] = s + 1
-            if s % a.log_every == 0:
-                psnr = -10 * math.log10(max(((err / 2) ** 2).mean().item(), 1e-10))
-                self.log["vae"].append({"step": s, "t": round(self.elapsed(), 1), "loss": loss.item(),
-                                        "rec": rec_loss.item(), "kl": kl.item(), "psnr": psnr})
-                self.event(f"vae {s:5d} loss {loss.item():.4f} kl {kl.item():.3f} psnr {psnr:.2f}")
-            if time.time() - self.last_ckpt > a.ckpt_every:
-                self.save_ckpt()
-        self.vae.eval()
-        self.vae.requires_grad_(False)
-        self.state["phase"] = "pool"
-        self.event(f"vae done at step {self.state['vae_step']}")
-
-    # -- phase 2: latent pool ---------------------------------------------------------------------
-    def _pool_key(self) -> dict:
-        a = self.a
-        return {"seed": a.seed, "pool": a.pool, "pool_batch": a.pool_batch, "object_weight": a.object_weight > 0,
-                "vae_step": self.state["vae_step"]}
-
-    @torch.no_grad()
-    def build_pool(self):
-        a = self.a
-        self.vae.eval()
-        self.vae.requires_grad_(False)
-        cache = self.out / "pool.pt"
-        if a.pool_cache and cache.exists():  # a resumed run: the same seeded pool, without re-rendering it
-            c = torch.load(cache, map_location=self.dev, weights_only=False)
-            if c["key"] == self._pool_key():
-                self.pool_mean, self.pool_std, self.pool_ids = c["mean"], c["std"], c["ids"]
-                self.pool_masks, self.pool_labels = c["masks"], c["labels"]
-                self.vae.register_to_config(scaling_factor=self.state["scaling_factor"])
-                self.state["phase"] = "dit"
-                self.log["pool_clips"] = len(self.pool_mean)
-                self.event(f"pool of {len(self.pool_mean)} clips loaded from {cache}")
-                return
-            self.event(f"{cache} is for {c['key']}, not {self._pool_key()}: rebuilding the pool")
-        n = a.pool
-        means, stds, ids, masks, labels = [], [], [], [], {k: [] for k in _AUX_SIZES}
-        chunk = a.pool_batch
-        for i0 in range(0, n, chunk):
-            sc = D.sample_scenes(step_rng(a.seed, 3, i0), min(chunk, n - i0), split="train")
-            x, alpha = D.render(sc, M.NUM_FRAMES, M.SIZE, self.dev, return_alpha=True)
-            with torch.autocast(**self.amp):
-                post = self.vae.encode(x).latent_dist
-            if a.object_weight > 0:
-                masks.append((latent_mask(alpha) * 255).round().to(torch.uint8))
-            means.append(post.mean.to(torch.bfloat16))
-            stds.append(post.std.to(torch.bfloat16))
-            ids.append(M.tokenize(self.tok, sc.captions()).to(self.dev))
-            for k, v in aux_labels(sc).items():
-                labels[k].append(torch.from_numpy(v))
-            if self.elapsed() > a.pool_deadline_minutes * 60:
-                self.event(f"pool stopped early at {i0 + chunk} clips (time)")
-                break
-        self.pool_mean = torch.cat(means)
-        self.pool_std = torch.cat(stds)
-        self.pool_ids = torch.cat(ids)
-        self.pool_masks = torch.cat(masks) if masks else None
-        self.pool_labels = {k: torch.cat(v).to(self.dev) for k, v in labels.items()}
-        if self.state["scaling_factor"] is None:
-            m = self.pool_mean[:2048].float()
-            s = self.pool_std[:2048].float()
-            z = m + s * torch.randn(m.shape, generator=torch_gen(a.seed, 4, 0, self.dev), device=self.dev)
-            self.state["scaling_factor"] = float(1.0 / z.std().item())
-            self.event(f"latent mean {z.mean().item():.4f} std {z.std().item():.4f} -> scaling_factor "
-                       f"{self.state['scaling_factor']:.5f}")
-        self.vae.register_to_config(scaling_factor=self.state["scaling_factor"])
-        self.state["phase"] = "dit"
-        self.log["pool_clips"] = len(self.pool_mean)
-        self.event(f"pool of {len(self.pool_mean)} clips ready")
-        if a.pool_cache:
-            torch.save({"key": self._pool_key(), "mean": self.pool_mean, "std": self.pool_std, "ids": self.pool_ids,
-                        "masks": self.pool_masks, "labels": self.pool_labels}, cache)
-            self.event(f"pool saved to {cache}")
-
-    # -- phase 3: denoiser + text encoder ----------------------------------------------------------
-    def train_dit(self):
-        a = self.a
-        self.tr.train()
-        self.te.train()
-        sf = self.state["scaling_factor"]
-        lat_f = (M.NUM_FRAMES - 1) // 4 + 1
-        rope = self.pipe._prepare_rotary_positional_embeddings(M.SIZE, M.SIZE, lat_f, self.dev)
-        empty = M.tokenize(self.tok, [""]).to(self.dev)
-        P = len(self.pool_mean)
-        stop_at = a.minutes * 60 - a.reserve_seconds
-        t_last = time.time()
-        if a.dit_steps <= 0 and "dit_total" in self.state:
-            a.dit_steps = self.state["dit_total"]
-        auto = a.dit_steps <= 0
-        total = a.dit_steps if not auto else 10**9
-        s_begin = self.state["dit_step"]
-        stop_step = min(total, a.stop_after or total)
-        while self.state["dit_step"] < stop_step and self.elapsed() < stop_at:
-            s = self.state["dit_step"]
-            if auto:
-                total = self.auto_steps("dit", s, s_begin, stop_at, total)
-            g = torch_gen(a.seed, 5, s, self.dev)
-            idx = torch.randint(0, P, (a.batch,), generator=g, device=self.dev)
-            m, sd = self.pool_mean[idx].float(), self.pool_std[idx].float()
-            z = (m + sd * torch.randn(m.shape, generator=g, device=self.dev)) * sf
-            z = z.permute(0, 2, 1, 3, 4).contiguous()  # (B, F, C, H, W)
-            ids = self.pool_ids[idx]
-            drop = torch.rand(a.batch, generator=g, device=self.dev) < a.cfg_dropout
-            ids = torch.where(drop[:, None], empty.expand_as(ids), ids)
-            labels = {k: v[idx] for k, v in self.pool_labels.items()}
-            t = torch.randint(0, self.sched.config.num_train_timesteps, (a.batch,), generator=g, device=self.dev)
-            noise = torch.randn(z.shape, generator=g, device=self.dev)
-            zt = self.sched.add_noise(z, noise, t)
-            target = self.sched.get_velocity(z, noise, t)
-            for grp in self.dit_opt.param_groups:
-                grp["lr"] = lr_at(s - a.warmup_offset, a.lr, a.warmup) * decay_factor(s, total, a.decay_frac, a.warmup_offset)
-            with torch.autocast(**self.amp):
-                emb = self.te(ids)[0]
-                pred = self.tr(hidden_states=zt, encoder_hidden_states=emb, timestep=t, image_rotary_emb=rope,
-                               return_dict=False)[0]
-                keep = ~drop
-                aux = self.aux(emb[keep], ids[keep], {k: v[keep] for k, v in labels.items()})
-            sq = (pred.float() - target.float()) ** 2
-            loss = sq.mean()
-            if self.pool_masks is not None:  # weight the latent cells that hold objects
-                w = 1.0 + a.object_weight * (self.pool_masks[idx].float() / 255.0).unsqueeze(2)
-                diff_loss = (w * sq).mean() / w.mean()
-            else:
-                diff_loss = loss
-            objective = diff_loss + a.aux_weight * aux
-            self.dit_opt.zero_grad(set_to_none=True)
-            objective.backward()
-            gn = torch.nn.utils.clip_grad_norm_([p for grp in self.dit_opt.param_groups for p in grp["params"]], 1.0)
-            self.dit_opt.step()
-            decay = min(a.ema, (1 + s) / (10 + s))
-            ema_update(self.ema_tr, self.tr, decay)
-            ema_update(self.ema_te, self.te, decay)
-            self.state["dit_step"] = s + 1
-            if s % a.log_every == 0:
-                now = time.time()
-                rate = a.log_every / max(now - t_last, 1e-9) if s else 0.0
-                t_last = now
-                self.log["dit"].append({"step": s, "t": round(self.elapsed(), 1), "loss": loss.item(),
-                                        "aux": aux.item(), "grad_norm": gn.item(), "steps_per_s": rate})
-                self.event(f"dit {s:5d} loss {loss.item():.4f} aux {aux.item():.3f} gn {gn.item():.2f} "
-                           f"{rate:.2f} it/s")
-            if time.time() - self.last_ckpt > a.ckpt_every:
-                self.save_ckpt()
-                self.write_log()
-            if a.export_every and time.time() - self.last_export > a.export_every:
-                self.export()
-        self.state["phase"] = "done" if self.state["dit_step"] >= total else "dit"
-        self.event(f"dit stopped at step {self.state['dit_step']}")
-
-    # -- export -----------------------------------------------------------------------------------
-    def export(self):
-        a = self.a
-        tr = M.build_transformer()
-        tr.load_state_dict({k: v.float().cpu() for k, v in self.ema_tr.items()})
-        te = M.build_text_encoder()
-        te.load_state_dict({k: v.float().cpu() for k, v in self.ema_te.items()})
-        vae = M.build_vae(scaling_factor=self.state["scaling_factor"] or 1.0)
-        vae.load_state_dict({k: v.float().cpu() for k, v in self.vae.state_dict().items()})
-        pipe = M.assemble(vae, te.eval(), tr.eval(), M.build_tokenizer(), M.build_scheduler())
-        # fp16 storage for the big parts; the small text encoder stays fp32 so that a plain
-        # from_pretrained (diffusers loads its models as fp32, transformers keeps the stored dtype)
-        # gives an all-fp32 pipeline
-        pipe.transformer.to(torch.float16)
-        pipe.vae.to(torch.float16)
-        dst = self.out / "pipeline"
-        tmp = self.out / "pipeline.tmp"
-        if tmp.exists():
-            import shutil
-
-            shutil.rmtree(tmp)
-        pipe.save_pretrained(tmp, safe_serialization=True)
-        meta = {
-            "seed": a.seed, "vae_steps": self.state["vae_step"], "dit_steps": self.state["dit_step"],
-            "scaling_factor": self.state["scaling_factor"], "pool_clips": self.log.get("pool_clips"),
-            "batch": a.batch, "vae_batch": a.vae_batch, "lr": a.lr, "device": str(self.dev),
-            "device_name": torch.cuda.get_device_name(self.dev) if self.dev.type == "cuda" else "cpu",
-            "wall_seconds": round(self.total_wall(), 1), "params": self.log["params"],
-            "max_text_len": M.MAX_TEXT_LEN,
-            "init_from": self.log.get("init_meta"),  # the run this one continued, if any
-        }
-        (tmp / "training.json").write_text(json.dumps(meta, indent=1))
-        if dst.exists():
-            import shutil
-
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
-        if a.tar_to:
-            write_tar_parts(dst, Path(a.tar_to), "sixbit-mini.tar")
-        self.last_export = time.time()
-        self.write_log()
-        plot_losses(self.log, self.out / "loss.png")
-        self.event(f"exported pipeline (vae {self.state['vae_step']} / dit {self.state['dit_step']} steps) to {dst}")
 
     def run(self):
         a = self.a
