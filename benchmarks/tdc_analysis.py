@@ -236,7 +236,7 @@ def markdown(payload: dict) -> str:
         md += ["", f"**{title}**: {sf:.3f} of block evaluations skipped.", "",
                "- skipped per step: " + " ".join(f"{x:.2f}" for x in _mean(rows, key, "per_step")),
                "- skipped per block: " + " ".join(f"{x:.2f}" for x in _mean(rows, key, "per_block"))]
-        if all(c is not None for c in charged):
+        if key == "tdc_block" and all(c is not None for c in charged):  # step mode decides by the probe
             md.append(f"- budget charged at a skipped cell (acc_err) {np.mean(charged):.4f} vs its true reuse error on "
                       f"the FP32 trajectory {np.mean(true):.4f}")
     md += ["", env_md(payload["environment"]), ""]

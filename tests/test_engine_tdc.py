@@ -14,7 +14,7 @@ from sixbit.testing import generate, tiny_cogvideox_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FORCE = dict(tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
+FORCE = dict(tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
 
 
 def _capture(block):
@@ -55,7 +55,7 @@ def test_forced_skip_returns_input_plus_cached_delta_exactly():
 def test_accumulated_error_budget_forces_a_refresh():
     pipe = tiny_cogvideox_pipeline(seed=0)
     budget = 0.8
-    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=budget, tdc_first=0, tdc_last=0)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=math.inf, tdc_budget=budget, tdc_first=0, tdc_last=0)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=12)
     d = handle.trace.to_dict()
@@ -79,14 +79,14 @@ def test_accumulated_error_budget_forces_a_refresh():
 
 def test_first_and_last_steps_never_skip_and_threshold_blocks_skipping():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=3, tdc_last=2)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=3, tdc_last=2)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=8)
     steps = handle.trace.to_dict()["steps"]
     skipped = [any(b["skipped"] for b in s["blocks"]) for s in steps]
     assert skipped == [False, False, False, True, True, True, False, False]
     handle.remove()
-    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_threshold=1e-6, tdc_budget=math.inf))
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=1e-6, tdc_budget=math.inf))
     generate(pipe, num_inference_steps=8)
     assert handle.trace.to_dict()["summary"]["skip_fraction"] == 0.0
 
@@ -132,7 +132,7 @@ def test_pdr_fires_on_injected_outliers_not_on_clean_input():
 
 def test_first_computed_step_after_a_skip_uses_int8():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8,
                               tdc_first=0, tdc_last=0)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=10)
@@ -150,7 +150,7 @@ def test_first_computed_step_after_a_skip_uses_int8():
 
 
 def test_skip_schedule_record_and_replay_and_resample(tmp_path):
-    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
     pipe = tiny_cogvideox_pipeline(seed=0)
     h = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=8)
@@ -160,7 +160,7 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
 
     # replay on a different model (other seed, other depth): the pattern is imposed, not decided
     other = tiny_cogvideox_pipeline(seed=5, num_layers=5)
-    replay_cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=0.0)  # TDC alone would never skip
+    replay_cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=0.0)  # TDC alone would never skip
     h2 = sixbit.apply(other, replay_cfg, schedule=path)
     calls = []
     h2.reduce_stats = lambda t: (calls.append(t.numel()), t)[1]
@@ -216,7 +216,7 @@ def test_skip_schedule_routes_resample_validate_and_load_version_1():
 
 def test_after_skip_route_can_use_the_last_measured_gamma():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8,
                               tdc_first=0, tdc_last=0, after_skip="dmpq", warmup_steps=1)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=10)
@@ -385,7 +385,7 @@ def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(
 @pytest.mark.parametrize("mode,reuse", [("block", "linear"), ("step", "linear")])
 def test_variant_state_resets_between_calls_and_shapes(mode, reuse):
     """A leaked delta (or forecast history) from an earlier call would change the later calls' results."""
-    cfg = SixBitConfig.preset("tdc_only", tdc_mode=mode, tdc_reuse=reuse, **{**FORCE, "tdc_probe_threshold": math.inf})
+    cfg = SixBitConfig.preset("tdc_only", **{**FORCE, "tdc_mode": mode, "tdc_reuse": reuse, "tdc_probe_threshold": math.inf})
     fresh = {}
     for size in (16, 8):
         pipe = tiny_cogvideox_pipeline(seed=0)

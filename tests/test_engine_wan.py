@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_wan_apply_trace_and_round_trip():
     pipe = tiny_wan_pipeline(seed=0)
     ref = generate(pipe)
-    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=1)
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=1)
     handle = sixbit.apply(pipe, cfg)
     names = handle.linear_names
     assert names[:4] == ["blocks.0.attn1.to_q", "blocks.0.attn1.to_k", "blocks.0.attn1.to_v", "blocks.0.attn1.to_out.0"]
@@ -42,7 +42,7 @@ def test_wan_apply_trace_and_round_trip():
 
 def test_wan_forced_skip_single_stream_is_exact():
     pipe = tiny_wan_pipeline(seed=1)
-    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
     sixbit.apply(pipe, cfg)
     calls = []
     block = pipe.transformer.blocks[0]
