@@ -9,20 +9,22 @@ ablation rows of the quality tables:
 preset          quant        TDC    PDR    meaning
 ==============  ===========  =====  =====  ===============================================
 off / fp16      off          no     no     the plain model (hooks only observe)
-balanced/full   dmpq         yes    yes    the full method, τ for 5.0 bits (~6.0 realised, ~40 % skipped)
+balanced/full   dmpq         yes    yes    the full method, τ for 5.0 bits, step-mode TDC (~50 % skipped)
 aggressive      dmpq         yes    yes    τ for 4.75 bits, looser skipping
 dmpq_only       dmpq         no     no     mixed precision, every block computed
 tdc_only        off          yes    no     delta caching on the full-precision model
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
+tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=block, reuse=last): ablation
+full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC
 w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
 w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activations
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
 ==============  ===========  =====  =====  ===============================================
 
 Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benchmark's videos, docs/ENGINE.md
-"Defaults"): ``balanced`` skips ~40 % of block evaluations at ~6.0 realised activation bits (≤ 6.0 counting
-the after-skip INT8 steps), ``aggressive`` ~50 %. They are starting points for other models and step
-counts, not calibrated values.
+"Defaults"; TDC's mode and probe threshold from ``benchmarks/results/tdc_curves_mini_20*``, docs/TDC.md):
+``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
+(0.3). They are starting points for other models and step counts, not calibrated values.
 
 Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
 one every linear uses E = Γ (α = 1, β = 0) and ``tau`` (default :data:`UNCALIBRATED_TAU`), which the
@@ -149,6 +151,29 @@ class SixBitConfig:
         "next skip would exceed the budget the block is recomputed (refresh) and the sum resets.",
         min=0.0,
         label="TDC error budget",
+    )
+    tdc_mode: str = _f(
+        "step",
+        "Decision granularity: 'block' = every block decides from its own delta's change (the paper's); "
+        "'step' = block 0 is a probe computed every step, and the other blocks skip together when its delta "
+        "drifted at most tdc_probe_threshold since the last computed step (the default: +4.8 dB at 50 % skipped "
+        "on sixbit-mini, docs/TDC.md).",
+        choices=("block", "step"),
+        label="TDC decision",
+    )
+    tdc_reuse: str = _f(
+        "last",
+        "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
+        "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept).",
+        choices=("last", "linear"),
+        label="TDC reuse",
+    )
+    tdc_probe_threshold: float = _f(
+        0.2,
+        "Step mode: the rest of a step is skipped while the probe block's delta differs from its reference "
+        "(relative L1) by at most this.",
+        min=0.0,
+        label="TDC probe threshold",
     )
     tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000, label="Never skip first K steps")
     tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000, label="Never skip last K steps")
@@ -277,9 +302,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fp16": dict(quant="off", tdc=False, pdr=False),
     "balanced": dict(),
     "full": dict(),
-    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_first=1),
+    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False),
+    "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last"),
+    "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),

@@ -65,6 +65,7 @@ class Call:
     num_steps: int | None
     rec: Any
     t0: float
+    skip_rest: bool = False  # step mode: the probe block decided that the rest of this call skips
 
 
 class Run:
@@ -216,7 +217,7 @@ class DenoiserHook(ModelHook):
             # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
             # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)
             for b in self.blocks:
-                b.state_manager.get_state().delta = None
+                b.state_manager.get_state().drop_deltas()
         run.call = None
         if self._own_context:
             for m in self.managers():
@@ -240,12 +241,23 @@ class BlockState(BaseState):
         self.reset()
 
     def reset(self, *args, **kwargs) -> None:
-        self.delta: list[torch.Tensor] | None = None  # cached Δ per stream
+        self.delta: list[torch.Tensor] | None = None  # cached Δ per stream (step mode's probe: its reference)
+        self.prev_delta: list[torch.Tensor] | None = None  # the computed Δ before it (tdc_reuse="linear")
+        self.prev_step: int | None = None  # the step of prev_delta
         self.gamma: float | None = None  # Γ at the last computed step
         self.delta_sim: float | None = None  # change rate between the last two computed deltas
         self.acc_err: float = 0.0
         self.last_step: int | None = None  # last computed step
         self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
+
+    def drop_deltas(self) -> None:
+        self.delta = self.prev_delta = None
+
+    def reused(self, step: int, linear: bool) -> list[torch.Tensor]:
+        """What a skip at ``step`` adds to the block's input: the cached Δ or its forecast."""
+        if not linear:
+            return self.delta
+        return tdc.forecast(self.delta, self.prev_delta, step, self.last_step, self.prev_step)
 
 
 def block_stats(outs, streams, old, keep: bool, backend: str):
@@ -291,13 +303,17 @@ class BlockHook(ModelHook):
         for m, r in zip(self.layers, routing.routes):
             m.route = r
         output = self.fn_ref.original_forward(*args, **kwargs)
-        self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
-        self._record(call, st, routing, oratio)
+        decision = self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
+        self._record(call, st, routing, oratio, decision)
         return output
 
     def _skips(self, call: Call, st: BlockState, cached: bool) -> bool:
         sched = self.method.schedule
         if sched is None:
+            if self.probes():
+                return False
+            if self.method.cfg.tdc_mode == "step":
+                return cached and call.skip_rest
             return cached and tdc.decide(st.delta_sim, st.acc_err, call.step, call.num_steps, self.method.cfg)
         skip = not sched.computed(call.branch, call.step, self.index)
         if skip and not cached:  # a replayed skip with nothing cached computes instead
@@ -305,13 +321,18 @@ class BlockHook(ModelHook):
             return False
         return skip
 
+    def probes(self) -> bool:
+        """Step mode's probe: block 0, always computed, its delta the step's decision (not with a replay)."""
+        return self.index == 0 and self.method.schedule is None and self.method.cfg.tdc_mode == "step"
+
     def _reuse(self, call: Call, st: BlockState, streams):
-        out = [s + d for s, d in zip(streams, st.delta)]
+        linear = self.method.cfg.tdc_reuse == "linear"
+        out = [s + d for s, d in zip(streams, st.reused(call.step, linear))]
         st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
         st.skipped_last = True
         call.rec.blocks[self.index] = {"computed": False, "skipped": True, "pdr": False, "gamma": None,
                                        "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
-                                       "mode": "skip"}
+                                       "mode": "skip", "tdc": "forecast" if linear else "reuse"}
         for j in self.linears:
             call.rec.routes[j] = SKIPPED
             call.rec.pred_err[j] = None
@@ -323,6 +344,8 @@ class BlockHook(ModelHook):
         if sched is not None:
             next_skip = not sched.computed(call.branch, i + 1, self.index)
             replayed = sched.block_routes(call.branch, i, self.index, len(self.linears))
+        elif self.probes():
+            next_skip = False  # the probe's delta is a reference for the decision, never reused by a skip
         oratio = None
         if pdr.applies(cfg, i, call.num_steps, next_skip):
             counter = lambda x, k: ops().outlier_count(x, k, cfg.backend)  # noqa: E731
@@ -332,25 +355,45 @@ class BlockHook(ModelHook):
                              replayed=replayed)
         return routing, oratio
 
-    def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> None:
-        keep = self.method.cfg.tdc or self.method.schedule is not None
+    def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> str:
+        """Measure the computed block (Γ, its delta's change) with one read, update the cache; returns the
+        trace's TDC decision of the cell: "compute", or the probe's "probe_skip"/"probe_compute"."""
+        cfg = self.method.cfg
+        keep = cfg.tdc or self.method.schedule is not None
         compare = cached and keep
-        deltas, sums = block_stats(outs, streams, st.delta if compare else None, keep, self.method.cfg.backend)
+        linear = cfg.tdc_reuse == "linear"
+        probe = self.probes()
+        # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
+        ref = (st.reused(call.step, linear) if probe else st.delta) if compare else None
+        deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
+        forecasted = compare and linear and not probe and st.prev_delta is not None
+        if forecasted:  # block mode: the error of the forecast this refresh replaces, charged to the budget
+            fnum, fden = tdc.delta_change_sums(deltas, st.reused(call.step, True))
+            sums = torch.cat([sums, torch.stack([fnum, fden]).to(sums)])
         vals = self.run.read(sums)
         st.gamma = dmpq.ratio(vals[0], vals[1])
-        if compare:
-            st.delta_sim = tdc.change_rate(vals[2], vals[3], call.step, st.last_step)
+        st.skipped_last = False
+        if probe:
+            st.delta_sim = dmpq.ratio(vals[2], vals[3]) if compare else None
+            call.skip_rest = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg)
+            if call.skip_rest:  # the reference stays the last computed step's
+                return "probe_skip"
+        elif compare:
+            st.delta_sim = tdc.change_rate(*(vals[4:6] if forecasted else vals[2:4]), call.step, st.last_step)
         if keep:
+            if linear and st.delta is not None:
+                st.prev_delta, st.prev_step = st.delta, st.last_step
             st.delta = deltas
         st.acc_err = 0.0
         st.last_step = call.step
-        st.skipped_last = False
+        return "probe_compute" if probe else "compute"
 
-    def _record(self, call: Call, st: BlockState, routing: dmpq.Routing, oratio: float | None) -> None:
+    def _record(self, call: Call, st: BlockState, routing: dmpq.Routing, oratio: float | None,
+                decision: str) -> None:
         rec = call.rec
         rec.blocks[self.index] = {"computed": True, "skipped": False, "pdr": routing.pdr, "gamma": st.gamma,
-                                  "delta_sim": st.delta_sim, "acc_err": 0.0, "outlier_ratio": oratio,
-                                  "mode": routing.mode}
+                                  "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": oratio,
+                                  "mode": routing.mode, "tdc": decision}
         for k, j in enumerate(self.linears):
             rec.routes[j] = display(routing.routes[k])
             rec.pred_err[j] = routing.pred_err[k]

@@ -23,6 +23,26 @@ Decision at step t (``decide``; the block hook in ``sixbit.hooks`` holds the sta
 (linear drift), so after k consecutive skips it is k·delta_sim. When the next skip would exceed the
 budget, the block is computed — a refresh — which stores the new Δ and resets ``acc_err`` to 0.
 
+Variants (options of the config, recorded in the trace's config and per cell; the paper's rule above is
+``tdc_mode="block"``, ``tdc_reuse="last"``, preset ``tdc_paper``; why and how much each helps: docs/TDC.md):
+
+* ``tdc_mode="step"`` — one decision per step (FirstBlockCache/TeaCache-style): block 0 is the *probe*,
+  computed at every step; its delta is compared with its *reference*, the delta of the last fully
+  computed step (or, with ``tdc_reuse="linear"``, the forecast of it), ``probe_change = Σ‖Δ₀ − ref‖₁ /
+  Σ‖ref‖₁`` — the drift since the last computed step, measured, not predicted. The step's remaining
+  blocks skip jointly iff ``probe_change ≤ tdc_probe_threshold`` inside the window (``step_skips``); the
+  reference moves only on a computed step. Each skipped block returns ``in + Δ_b``, so the step returns
+  ``in₁ + Σ_b Δ_b`` — the combined residual of the last computed step, a coherent snapshot of the network,
+  instead of per-block reuse that mixes stale and fresh deltas.
+* ``tdc_reuse="linear"`` — forecasting instead of reuse: a skipped cell returns ``in + Δ̂`` with the first
+  order extrapolation ``Δ̂_t = Δ₁ + (t − t₁)/(t₁ − t₀)·(Δ₁ − Δ₀)`` of the block's last two computed deltas
+  (``forecast``; one extra delta per block and stream is kept). In block mode the budget is charged with
+  the forecast's own error: at a refresh the fresh Δ is compared with the forecast of it, and that error
+  per step of distance is the rate ``decide`` reads and ``accumulate`` adds (the zero-order rate until a
+  forecast exists).
+
+All statistics are additive sums (``delta_change_sums``), read through ``Run.read``.
+
 A :class:`SkipSchedule` records the computed/skipped pattern (block × step, per branch) of a run and can
 replay it (``sixbit.apply(..., schedule=...)``), resampled to another depth or step count: the
 benchmarks record it on sixbit-mini and replay it at real CogVideoX sizes, where random weights would
@@ -48,7 +68,13 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS
 
-__all__ = ["delta_change_sums", "change_rate", "decide", "accumulate", "SkipSchedule"]
+__all__ = ["MODES", "REUSE", "delta_change_sums", "change_rate", "decide", "accumulate", "step_skips", "forecast",
+           "SkipSchedule"]
+
+#: decision granularity: one decision per block and step (the paper's), or per step through a probe block
+MODES = ("block", "step")
+#: what a skipped cell returns: the last computed delta, or its first-order forecast
+REUSE = ("last", "linear")
 
 
 def delta_change_sums(new: list[torch.Tensor], old: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,6 +107,26 @@ def accumulate(acc_err: float, delta_sim: float | None) -> float:
     """The skip error after one more skip: linear drift by the last change rate (a replayed schedule may
     skip before a rate exists: nothing is added then). A computed step resets it to 0."""
     return acc_err + (delta_sim or 0.0)
+
+
+def step_skips(probe_change: float | None, step: int, num_steps: int | None, cfg) -> bool:
+    """Step mode: True when the blocks after the probe skip jointly at ``step`` — inside the window and the
+    probe's drift since the last computed step (None without a reference) at most the probe threshold."""
+    if not cfg.tdc or step < cfg.tdc_first or probe_change is None:
+        return False
+    if num_steps is not None and step >= num_steps - cfg.tdc_last:
+        return False
+    return probe_change <= cfg.tdc_probe_threshold
+
+
+def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: int, last_step: int,
+             prev_step: int | None) -> list[torch.Tensor]:
+    """Δ̂ at ``step`` per stream: first-order extrapolation of ``prev`` (computed at ``prev_step``) and
+    ``delta`` (at ``last_step``); ``delta`` itself while there is no earlier delta."""
+    if prev is None or prev_step is None or prev_step >= last_step:
+        return delta
+    s = (step - last_step) / (last_step - prev_step)
+    return [d + s * (d - p) for d, p in zip(delta, prev)]
 
 
 SCHEDULE_FORMAT = "sixbit-skip-schedule"

@@ -94,7 +94,7 @@ class _Branch:
 
 
 _NOT_RUN = {"computed": False, "skipped": False, "pdr": False, "gamma": None, "delta_sim": None,
-            "acc_err": 0.0, "outlier_ratio": None, "mode": "not_run"}
+            "acc_err": 0.0, "outlier_ratio": None, "mode": "not_run", "tdc": None}
 
 
 class _Step:

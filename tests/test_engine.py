@@ -76,7 +76,7 @@ def test_everything_off_is_identical_to_plain_pipeline(pipe):
 
 
 def test_trace_schema_and_counts(pipe):
-    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1,
+    handle = sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1,
                                                     warmup_steps=1))
     steps = 6
     generate(pipe, num_inference_steps=steps)

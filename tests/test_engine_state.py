@@ -18,7 +18,7 @@ def pipe():
 
 
 def test_step_callback_streams_and_interrupt_leaves_no_state(pipe):
-    cfg = SixBitConfig.preset("aggressive", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1)
+    cfg = SixBitConfig.preset("aggressive", policy=None, tdc_mode="block", tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1)
     handle = sixbit.apply(pipe, cfg)
     seen = []
 
@@ -45,7 +45,7 @@ from sixbit.testing import generate, tiny_cogvideox_pipeline
 kw = dict(num_frames=int(sys.argv[1]), height=int(sys.argv[2]), width=32, num_inference_steps=int(sys.argv[3]),
           seed=int(sys.argv[4]))
 pipe = tiny_cogvideox_pipeline(seed=0)
-sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1))
+sixbit.apply(pipe, SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1))
 torch.save(generate(pipe, **kw), sys.argv[5])
 """
 
@@ -57,7 +57,7 @@ def test_consecutive_calls_of_different_shapes_equal_fresh_process_results(pipe,
     shapes = {"a": (9, 32, 6, 0), "b": (5, 48, 5, 1)}
     procs = {k: subprocess.Popen([sys.executable, "-c", _FRESH, *map(str, v), str(tmp_path / f"{k}.pt")])
              for k, v in shapes.items()}  # the fresh processes run while this one generates
-    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1)
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=10.0, tdc_budget=10.0, tdc_first=1)
     handle = sixbit.apply(pipe, cfg)
 
     def gen(k):

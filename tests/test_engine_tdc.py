@@ -14,7 +14,7 @@ from sixbit.testing import generate, tiny_cogvideox_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FORCE = dict(tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
+FORCE = dict(tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
 
 
 def _capture(block):
@@ -55,7 +55,7 @@ def test_forced_skip_returns_input_plus_cached_delta_exactly():
 def test_accumulated_error_budget_forces_a_refresh():
     pipe = tiny_cogvideox_pipeline(seed=0)
     budget = 0.8
-    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=budget, tdc_first=0, tdc_last=0)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=math.inf, tdc_budget=budget, tdc_first=0, tdc_last=0)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=12)
     d = handle.trace.to_dict()
@@ -79,14 +79,14 @@ def test_accumulated_error_budget_forces_a_refresh():
 
 def test_first_and_last_steps_never_skip_and_threshold_blocks_skipping():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=3, tdc_last=2)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=3, tdc_last=2)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=8)
     steps = handle.trace.to_dict()["steps"]
     skipped = [any(b["skipped"] for b in s["blocks"]) for s in steps]
     assert skipped == [False, False, False, True, True, True, False, False]
     handle.remove()
-    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_threshold=1e-6, tdc_budget=math.inf))
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=1e-6, tdc_budget=math.inf))
     generate(pipe, num_inference_steps=8)
     assert handle.trace.to_dict()["summary"]["skip_fraction"] == 0.0
 
@@ -132,7 +132,7 @@ def test_pdr_fires_on_injected_outliers_not_on_clean_input():
 
 def test_first_computed_step_after_a_skip_uses_int8():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8,
                               tdc_first=0, tdc_last=0)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=10)
@@ -150,7 +150,7 @@ def test_first_computed_step_after_a_skip_uses_int8():
 
 
 def test_skip_schedule_record_and_replay_and_resample(tmp_path):
-    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
     pipe = tiny_cogvideox_pipeline(seed=0)
     h = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=8)
@@ -160,7 +160,7 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
 
     # replay on a different model (other seed, other depth): the pattern is imposed, not decided
     other = tiny_cogvideox_pipeline(seed=5, num_layers=5)
-    replay_cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=0.0)  # TDC alone would never skip
+    replay_cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=0.0)  # TDC alone would never skip
     h2 = sixbit.apply(other, replay_cfg, schedule=path)
     calls = []
     h2.reduce_stats = lambda t: (calls.append(t.numel()), t)[1]
@@ -216,7 +216,7 @@ def test_skip_schedule_routes_resample_validate_and_load_version_1():
 
 def test_after_skip_route_can_use_the_last_measured_gamma():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_threshold=math.inf, tdc_budget=0.8,
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8,
                               tdc_first=0, tdc_last=0, after_skip="dmpq", warmup_steps=1)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=10)
@@ -290,3 +290,125 @@ def test_cached_deltas_are_freed_after_the_last_step():
     assert held[:-1] and all(n == 3 for n in held[:-1])  # every block caches its delta during the run
     assert held[-1] == 0  # and none is kept after the last step (e.g. through the VAE decode)
     assert handle.trace.to_dict()["summary"]["skip_fraction"] > 0
+
+
+# ------------------------------------------------------------------------------- the TDC variants
+STEP = dict(tdc_mode="step", tdc_probe_threshold=math.inf, tdc_first=0, tdc_last=0)
+
+
+def test_step_mode_probes_block_0_and_skips_the_rest_with_their_combined_residual():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP))
+    blocks = pipe.transformer.transformer_blocks
+    calls = [_capture(b) for b in blocks]
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    assert [[b["tdc"] for b in s["blocks"]] for s in d["steps"]] == \
+        [["probe_compute", "compute", "compute"]] + [["probe_skip", "reuse", "reuse"]] * 4
+    assert d["config"]["tdc_mode"] == "step"
+    # the probe runs at every step; blocks 1.. return in + Δ of step 0, so the step returns in₁ + Σ Δ_b
+    assert len(calls[0]) == 5 and all(len(c) == 5 for c in calls)  # torch hooks see skipped calls too
+    for t in range(1, 5):
+        for s in range(2):
+            combined = sum(calls[b][0]["out"][s] - calls[b][0]["in"][s] for b in (1, 2))
+            assert torch.allclose(calls[2][t]["out"][s], calls[1][t]["in"][s] + combined, atol=1e-6)
+    # the probe's statistic is its drift from the reference, which stays step 0's while the steps skip
+    ref = [o - i for o, i in zip(calls[0][0]["out"], calls[0][0]["in"])]
+    for t in range(1, 5):
+        delta = [o - i for o, i in zip(calls[0][t]["out"], calls[0][t]["in"])]
+        drift = sum((a - b).abs().sum() for a, b in zip(delta, ref)) / sum(b.abs().sum() for b in ref)
+        assert d["steps"][t]["blocks"][0]["delta_sim"] == pytest.approx(float(drift), rel=1e-5)
+
+
+def test_step_mode_threshold_refreshes_the_whole_step_and_moves_the_reference():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}))
+    generate(pipe, num_inference_steps=4)
+    d = handle.trace.to_dict()
+    assert d["summary"]["skip_fraction"] == 0.0
+    assert all(s["blocks"][0]["tdc"] == "probe_compute" for s in d["steps"])
+
+
+def test_linear_reuse_returns_input_plus_the_first_order_forecast():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    # threshold/budget that let block 1 compute at steps 0-2 (the forecast needs two deltas) then skip
+    cfg = SixBitConfig.preset("tdc_only", tdc_reuse="linear", **{**FORCE, "tdc_first": 3})
+    handle = sixbit.apply(pipe, cfg)
+    calls = _capture(pipe.transformer.transformer_blocks[1])
+    generate(pipe, num_inference_steps=6)
+    d = handle.trace.to_dict()
+    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 3 + ["forecast"] * 3
+    d1 = [o - i for o, i in zip(calls[2]["out"], calls[2]["in"])]
+    d0 = [o - i for o, i in zip(calls[1]["out"], calls[1]["in"])]
+    for t in (3, 4, 5):
+        for s in range(2):
+            assert torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + d1[s] + (t - 2) * (d1[s] - d0[s]), atol=1e-6)
+    # the budget is charged with the forecast's error: at step 2 the forecast from steps 0, 1 was checked
+    fc = [2 * b - a for a, b in zip([o - i for o, i in zip(calls[0]["out"], calls[0]["in"])], d0)]
+    err = sum((x - y).abs().sum() for x, y in zip(d1, fc)) / sum(y.abs().sum() for y in fc)
+    assert d["steps"][2]["blocks"][1]["delta_sim"] == pytest.approx(float(err), rel=1e-5)
+
+
+@pytest.mark.parametrize("mode,reuse", [("block", "linear"), ("step", "last"), ("step", "linear")])
+def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(mode, reuse):
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("full", policy=None, tau=1.0, pdr_rho=0.0, pdr_k_sigma=1.0, tdc_mode=mode, tdc_reuse=reuse,
+                              tdc_threshold=math.inf, tdc_budget=0.8, tdc_probe_threshold=math.inf,
+                              tdc_first=2, tdc_last=1)
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe, num_inference_steps=8)
+    d = handle.trace.to_dict()
+    assert d["summary"]["skip_fraction"] > 0
+    n_after = 0
+    for t, s in enumerate(d["steps"]):
+        for b, blk in enumerate(s["blocks"]):
+            prev = d["steps"][t - 1]["blocks"][b] if t else None
+            if not blk["computed"]:
+                continue
+            # PDR (ρ = 0 at k_σ = 1 fires wherever it checks) checks the deltas a later skip may reuse — never the probe's
+            probe = mode == "step" and b == 0
+            reusable = cfg.tdc_first <= t + 1 < 8 - cfg.tdc_last
+            assert blk["pdr"] == (reusable and not probe), (t, b, blk)
+            # "the step after a skip" is the block's own previous evaluation skipped: no fresh Γ → INT8
+            if blk["pdr"]:
+                assert blk["mode"] == "pdr"
+            elif prev is not None and prev["skipped"]:
+                n_after += 1
+                assert blk["mode"] == "after_skip"
+            else:
+                assert blk["mode"] in ("dmpq", "no_gamma")
+    assert n_after >= 1
+    if mode == "step":
+        assert all(s["blocks"][0]["computed"] for s in d["steps"])
+
+
+@pytest.mark.parametrize("mode,reuse", [("block", "linear"), ("step", "linear")])
+def test_variant_state_resets_between_calls_and_shapes(mode, reuse):
+    """A leaked delta (or forecast history) from an earlier call would change the later calls' results."""
+    cfg = SixBitConfig.preset("tdc_only", **{**FORCE, "tdc_mode": mode, "tdc_reuse": reuse, "tdc_probe_threshold": math.inf})
+    fresh = {}
+    for size in (16, 8):
+        pipe = tiny_cogvideox_pipeline(seed=0)
+        sixbit.apply(pipe, cfg)
+        fresh[size] = generate(pipe, height=size, width=size, num_inference_steps=5)
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, cfg)
+    for size in (16, 8, 16, 8):
+        out = generate(pipe, height=size, width=size, num_inference_steps=5)
+        assert torch.equal(out, fresh[size]), size
+        assert handle.trace.to_dict()["summary"]["skip_fraction"] > 0
+    assert all(st.delta is None and st.prev_delta is None for h in handle.block_hooks
+               for st in h.state_manager._state_cache.values())
+
+
+def test_step_mode_schedule_records_and_replays_the_joint_pattern():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_first": 2}))
+    out = generate(pipe, num_inference_steps=5)
+    sched = handle.trace.skip_schedule()
+    handle.remove()
+    assert sched.branches["cond_uncond"] == [[True] * 3] * 2 + [[True, False, False]] * 3
+    # replayed in block mode, the same cells skip with the same deltas: the same latents
+    replay = sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), schedule=sched)
+    assert torch.equal(generate(pipe, num_inference_steps=5), out)
+    assert replay.trace.skip_schedule().branches == sched.branches

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_wan_apply_trace_and_round_trip():
     pipe = tiny_wan_pipeline(seed=0)
     ref = generate(pipe)
-    cfg = SixBitConfig.preset("balanced", policy=None, tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=1)
+    cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=1)
     handle = sixbit.apply(pipe, cfg)
     names = handle.linear_names
     assert names[:4] == ["blocks.0.attn1.to_q", "blocks.0.attn1.to_k", "blocks.0.attn1.to_v", "blocks.0.attn1.to_out.0"]
@@ -42,7 +42,7 @@ def test_wan_apply_trace_and_round_trip():
 
 def test_wan_forced_skip_single_stream_is_exact():
     pipe = tiny_wan_pipeline(seed=1)
-    cfg = SixBitConfig.preset("tdc_only", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_threshold=math.inf, tdc_budget=math.inf, tdc_first=0, tdc_last=0)
     sixbit.apply(pipe, cfg)
     calls = []
     block = pipe.transformer.blocks[0]
@@ -56,3 +56,24 @@ def test_wan_forced_skip_single_stream_is_exact():
         for step in (2, 3):
             x, y = calls[2 * step + branch]
             assert torch.equal(y, x + delta)
+
+
+def test_wan_step_mode_decides_each_branch_with_its_own_probe():
+    pipe = tiny_wan_pipeline(seed=1)
+    cfg = SixBitConfig.preset("tdc_only", tdc_mode="step", tdc_reuse="linear", tdc_probe_threshold=math.inf,
+                              tdc_first=0, tdc_last=0)
+    handle = sixbit.apply(pipe, cfg)
+    calls = []
+    block = pipe.transformer.blocks[1]
+    block.register_forward_hook(lambda m, a, out: calls.append((a[0].clone(), out.clone())))
+    generate(pipe, num_inference_steps=4)
+    d = handle.trace.to_dict()
+    for s in d["steps"][1:]:
+        for br in (s, s["other_branches"]["uncond"]):
+            assert [b["tdc"] for b in br["blocks"]] == ["probe_skip", "forecast"]
+    # block 1 forecasts from each branch's own deltas (steps 0 only: the forecast is that delta)
+    for branch in (0, 1):
+        x0, y0 = calls[branch]
+        for step in (1, 2, 3):
+            x, y = calls[2 * step + branch]
+            assert torch.equal(y, x + (y0 - x0))

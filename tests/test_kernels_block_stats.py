@@ -97,7 +97,7 @@ def test_engine_triton_bookkeeping_takes_the_reference_decisions():
     traces = {}
     for backend in ("torch", "triton"):
         pipe = tiny_cogvideox_pipeline(seed=0)
-        with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", backend=backend, tdc_threshold=0.5,
+        with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", backend=backend, tdc_mode="block", tdc_threshold=0.5,
                                                      tdc_budget=1.0, tdc_first=1, tdc_last=0)) as h:
             generate(pipe, num_inference_steps=6)
             traces[backend] = h.trace.to_dict()["steps"]

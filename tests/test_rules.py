@@ -129,6 +129,45 @@ def test_skip_error_drifts_linearly_and_change_rate_is_per_step():
     assert tdc.change_rate(0.0, 0.0, 5, 4) == 0.0 and math.isinf(tdc.change_rate(1.0, 0.0, 5, 4))
 
 
+def test_step_mode_skips_the_rest_inside_the_window_under_the_probe_threshold():
+    c = cfg(tdc_mode="step", tdc_probe_threshold=0.2)
+    assert tdc.step_skips(0.2, 5, 10, c) and not tdc.step_skips(0.21, 5, 10, c)  # inclusive
+    assert not tdc.step_skips(0.0, 1, 10, c) and not tdc.step_skips(0.0, 9, 10, c)  # first 2, last 1
+    assert tdc.step_skips(0.0, 9, None, c)
+    assert not tdc.step_skips(None, 5, 10, c)  # no reference yet
+    assert not tdc.step_skips(0.0, 5, 10, cfg(tdc=False, tdc_mode="step"))
+    # the per-block threshold and budget play no part in step mode, the probe threshold none in block mode
+    assert tdc.step_skips(0.15, 5, 10, cfg(tdc_mode="step", tdc_threshold=0.0, tdc_budget=0.0))
+    assert tdc.decide(0.15, 0.0, 5, 10, cfg(tdc_probe_threshold=0.0))
+
+
+def test_forecast_extrapolates_the_last_two_deltas_to_first_order():
+    g = torch.Generator().manual_seed(0)
+    d0, d1 = [torch.randn(2, 5, 4, generator=g), torch.randn(2, 3, 4, generator=g)], \
+        [torch.randn(2, 5, 4, generator=g), torch.randn(2, 3, 4, generator=g)]
+    # computed at steps 2 and 4: at step 7 the slope per step (d1 − d0)/2 is applied 3 steps on
+    for got, a, b in zip(tdc.forecast(d1, d0, 7, 4, 2), d1, d0):
+        assert torch.allclose(got, a + 1.5 * (a - b))
+    # a linear trajectory is forecast exactly; without an earlier delta the forecast is the last delta
+    lin = [torch.full((3,), 1.0 + 0.5 * t) for t in (0, 1)]
+    assert torch.allclose(tdc.forecast([lin[1]], [lin[0]], 5, 1, 0)[0], torch.full((3,), 3.5))
+    assert tdc.forecast(d1, None, 7, 4, None) is d1 and tdc.forecast(d1, d0, 7, 4, 4) is d1
+
+
+def test_tdc_mode_and_reuse_are_validated_and_the_paper_preset_keeps_the_papers_rule():
+    from sixbit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="tdc_mode"):
+        cfg(tdc_mode="blocks")
+    with pytest.raises(ConfigError, match="tdc_reuse"):
+        cfg(tdc_reuse="taylor")
+    with pytest.raises(ConfigError, match="tdc_probe_threshold"):
+        cfg(tdc_probe_threshold=-1.0)
+    for name in ("tdc_paper", "full_paper"):
+        p = SixBitConfig.preset(name)
+        assert (p.tdc, p.tdc_mode, p.tdc_reuse, p.tdc_threshold, p.tdc_budget) == (True, "block", "last", 0.165, 0.4)
+
+
 # ---------------------------------------------------------------------------------- the statistics
 
 

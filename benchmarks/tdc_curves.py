@@ -1,0 +1,209 @@
+"""Quality vs skips of every TDC variant on sixbit-mini, ``python -m benchmarks tdc_curves``.
+
+Each *variant* is a preset plus TDC fields (``tdc_mode``, ``tdc_reuse``); each is run at a sweep of its
+knob — block mode: the per-step change threshold and the budget scaled together from the defaults
+(0.165, 0.4); step mode: ``tdc_probe_threshold``. Per point, over prompts × seeds: PSNR and SSIM against
+the FP32 video of the same prompt and seed, adherence (sixbit-mini's judge), the fraction of block
+evaluations skipped (the trace's, = attention calls not run), and how the skips fall on the steps. The
+quantized variants (``full_*``) also report DMPQ alone, the bar of the full method's target. Written as
+``results/<name>.json`` + ``.md`` (+ ``.png`` when matplotlib is installed); docs/TDC.md reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common import (
+    RESULTS,
+    env_md,
+    environment,
+    fmt_stats,
+    make_config,
+    parse,
+    stats,
+    write_results,
+)
+
+#: variant -> (preset, TDC fields, knob, knob values)
+BLOCK_SCALES = (0.5, 1.0, 1.5, 2.5)
+PROBE_THRESHOLDS = (0.1, 0.2, 0.3, 0.4)
+VARIANTS = {
+    "block": ("tdc_only", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
+    "block_linear": ("tdc_only", dict(tdc_mode="block", tdc_reuse="linear"), "scale", BLOCK_SCALES),
+    "step": ("tdc_only", dict(tdc_mode="step", tdc_reuse="last"), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_linear": ("tdc_only", dict(tdc_mode="step", tdc_reuse="linear"), "tdc_probe_threshold",
+                    PROBE_THRESHOLDS),
+    "full_block": ("full", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
+    "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last"), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "full_step_linear": ("full", dict(tdc_mode="step", tdc_reuse="linear"), "tdc_probe_threshold",
+                         PROBE_THRESHOLDS),
+}
+BLOCK_DEFAULTS = (0.165, 0.4)
+
+
+def variant_config(variant: str, knob: float):
+    preset, fields, name, _ = VARIANTS[variant]
+    if name == "scale":
+        fields = {**fields, "tdc_threshold": BLOCK_DEFAULTS[0] * knob, "tdc_budget": BLOCK_DEFAULTS[1] * knob}
+    else:
+        fields = {**fields, name: knob}
+    return make_config(preset, **fields)
+
+
+def skipped_per_step(trace: dict) -> list[float]:
+    """Fraction of the blocks skipped at each step (first branch)."""
+    return [float(np.mean([b["skipped"] for b in s["blocks"]])) for s in trace["steps"]]
+
+
+def curves(args) -> dict:
+    import sixbit
+    from sixbit.metrics import compare
+    from sixbit.mini import DEFAULT_GENERATION
+    from sixbit.mini.data import prompt_set
+    from sixbit.mini.judge import judge
+    from sixbit.video import to_uint8
+
+    torch.set_num_threads(args.threads)
+    pipe = sixbit.load_pipeline(args.model, device="cpu")
+    pipe.set_progress_bar_config(disable=True)
+    gen = {**DEFAULT_GENERATION, "num_inference_steps": args.steps}
+    prompts = prompt_set(7, args.prompts, split="train")
+    cells = [(p, s) for p in prompts for s in range(args.seeds)]
+
+    def generate(prompt, seed):
+        g = torch.Generator("cpu").manual_seed(seed)
+        return to_uint8(pipe(prompt=prompt, generator=g, output_type="np", **gen).frames[0])
+
+    refs, ref_adh = {}, []
+    for p, s in cells:
+        refs[(p, s)] = generate(p, s)
+        ref_adh.append(judge(refs[(p, s)], p).adherence * 100.0)
+
+    def point(cfg) -> dict:
+        rows = []
+        handle = sixbit.apply(pipe, cfg)
+        try:
+            for p, s in cells:
+                t0 = time.perf_counter()
+                video = generate(p, s)
+                wall = time.perf_counter() - t0
+                tr = handle.trace.to_dict()
+                rows.append({"psnr": compare(video, refs[(p, s)])["psnr_db"], "ssim": compare(video, refs[(p, s)])["ssim"],
+                             "adherence": judge(video, p).adherence * 100.0, "time_s": wall,
+                             "skip_fraction": tr["summary"]["skip_fraction"],
+                             "avg_act_bits": tr["summary"]["avg_act_bits"], "per_step": skipped_per_step(tr)})
+        finally:
+            handle.remove()
+        out = {m: stats([r[m] for r in rows]) for m in ("psnr", "ssim", "adherence", "skip_fraction",
+                                                        "avg_act_bits", "time_s")}
+        out["per_step"] = np.mean([r["per_step"] for r in rows], axis=0).round(3).tolist()
+        out["runs"] = rows
+        return out
+
+    results: dict = {}
+    if any(v.startswith("full") for v in args.variants):
+        results["dmpq_only"] = point(make_config("dmpq_only"))
+        print(f"[tdc_curves] dmpq_only psnr={results['dmpq_only']['psnr']['mean']:.2f}", flush=True)
+    for v in args.variants:
+        knobs = args.knobs or VARIANTS[v][3]
+        results[v] = []
+        for k in knobs:
+            r = point(variant_config(v, k))
+            r["knob"] = k
+            results[v].append(r)
+            print(f"[tdc_curves] {v} {VARIANTS[v][2]}={k} psnr={r['psnr']['mean']:.2f} "
+                  f"skip={r['skip_fraction']['mean']:.3f} adh={r['adherence']['mean']:.1f}", flush=True)
+    env = environment("cpu", args.command)
+    payload = {"benchmark": "tdc_curves", "generation": gen, "prompts": prompts, "seeds": args.seeds,
+               "variants": {v: {"preset": VARIANTS[v][0], "fields": VARIANTS[v][1], "knob": VARIANTS[v][2]}
+                            for v in args.variants},
+               "fp32_adherence": stats(ref_adh), "environment": env, "results": results}
+    payload["interpolated"] = {v: {f"{int(x * 100)}%": at_skip(results[v], x) for x in (0.3, 0.4, 0.5, 0.6)}
+                               for v in args.variants}
+    md = markdown(payload, args)
+    out = Path(args.out)
+    write_results(args.name, payload, md, out)
+    plot(payload, out / f"{args.name}.png")
+    print(md)
+    return payload
+
+
+def at_skip(points: list[dict], x: float) -> float | None:
+    """PSNR at skip fraction ``x``, linearly interpolated between the measured points (None outside)."""
+    pts = sorted((p["skip_fraction"]["mean"], p["psnr"]["mean"]) for p in points)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1 and x1 > x0 and math.isfinite(y0) and math.isfinite(y1):
+            return round(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 2)
+    return None
+
+
+def markdown(payload: dict, args) -> str:
+    res, gen = payload["results"], payload["generation"]
+    md = [f"# TDC variants on sixbit-mini — quality vs skips, {len(payload['prompts'])} prompts × "
+          f"{payload['seeds']} seeds, {gen['num_inference_steps']} steps", "",
+          "PSNR/SSIM against the FP32 video of the same prompt and seed; adherence = sixbit-mini's judge (%), FP32: "
+          f"{fmt_stats(payload['fp32_adherence'], 1)}; skipped = fraction of block evaluations not computed (the "
+          "trace's). Mean ± standard deviation over prompts × seeds. Variants: docs/TDC.md.", ""]
+    if "dmpq_only" in res:
+        d = res["dmpq_only"]
+        md += [f"DMPQ alone (every block computed): PSNR {fmt_stats(d['psnr'])} dB, adherence "
+               f"{fmt_stats(d['adherence'], 1)} %, {fmt_stats(d['avg_act_bits'])} bits.", ""]
+    md += ["| variant | knob | skipped | PSNR dB ↑ | SSIM ↑ | adherence % | act bits |", "|---|---|---|---|---|---|---|"]
+    for v, meta in payload["variants"].items():
+        for p in res[v]:
+            md.append(f"| {v} | {meta['knob']}={p['knob']:g} | {fmt_stats(p['skip_fraction'], 3)} | "
+                      f"{fmt_stats(p['psnr'])} | {fmt_stats(p['ssim'], 3)} | {fmt_stats(p['adherence'], 1)} | "
+                      f"{fmt_stats(p['avg_act_bits'])} |")
+    md += ["", "PSNR dB at a skipped fraction (linear interpolation between measured points; — = outside the sweep):",
+           "", "| variant | 30% | 40% | 50% | 60% |", "|---|---|---|---|---|"]
+    for v, row in payload["interpolated"].items():
+        md.append(f"| {v} | " + " | ".join("—" if row[k] is None else f"{row[k]:.2f}" for k in row) + " |")
+    md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items()), "", env_md(payload["environment"]), ""]
+    return "\n".join(md)
+
+
+def plot(payload: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for v in payload["variants"]:
+        pts = sorted((p["skip_fraction"]["mean"], p["psnr"]["mean"]) for p in payload["results"][v])
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=v)
+    ax.set_xlabel("block evaluations skipped")
+    ax.set_ylabel("PSNR vs FP32 (dB)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks tdc_curves", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--prompts", type=int, default=6)
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=["block", "block_linear", "step",
+                                                                            "step_linear"])
+    p.add_argument("--knobs", nargs="*", type=float, default=None, help="override every variant's knob values")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--name", default="tdc_curves_mini_20")
+    args = parse(p, argv)
+    curves(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
