@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import SixBitConfig
+from sixbit import SixBitConfig, hooks, parallel
 from sixbit.testing import generate, tiny_wan_pipeline
 
 CALL = dict(height=64, width=64, num_inference_steps=6)  # 2 latent frames × 4 × 4 patches = 32 tokens
@@ -61,7 +61,6 @@ def _rank(rank: int, port: int, out: str, config: str) -> None:
     import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
-    from sixbit import hooks, parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -80,6 +79,11 @@ def _rank(rank: int, port: int, out: str, config: str) -> None:
     parallel.enable(handle, check=True)
     latents = generate(pipe, **CALL)
     reduced = handle.trace.to_dict()
+    wrong = tiny_wan_pipeline()  # CP's split hook inside sixbit's: refused
+    wrong.transformer.set_attention_backend("native")
+    wrong.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+    with pytest.raises(ValueError, match="enable_parallelism"):
+        parallel.enable(sixbit.apply(wrong, _config(config)))
     Path(out).write_text(json.dumps({"local": _values(local), "decisions": _decisions(reduced),
                                      "values": _values(reduced), "tokens": sorted(set(seen)),
                                      "latents": latents.flatten().tolist()}))
@@ -130,6 +134,12 @@ def test_decisions_identical_across_ranks_and_to_one_process(tmp_path, config):
     assert [v is None for v in flat[0]] == [v is None for v in flat[1]]
     assert [v for v in flat[0] if v is not None] == pytest.approx([v for v in flat[1] if v is not None], rel=1e-5)
     assert torch.allclose(torch.tensor(r0["latents"]), latents.flatten(), rtol=1e-4, atol=1e-5)
+
+
+def test_enable_needs_torch_distributed():
+    handle = sixbit.apply(tiny_wan_pipeline(), _config("tdc_only"))
+    with pytest.raises(RuntimeError, match="not initialized"):
+        parallel.enable(handle)
 
 
 if __name__ == "__main__":
