@@ -17,12 +17,15 @@ context, whether a Δ is cached) is the same on every rank by construction. ``ch
 on every read: it all-gathers the reduced vector and raises :class:`DivergenceError` if any rank holds
 other bits (one extra collective per read: a debug switch).
 
-Equal to the 1-process run, up to summation order: each rank sums its slice in fp32 (``dmpq.l1``) and the
+Equal to the 1-process run, up to summation order: each rank sums its slice in fp32 (``dmpq.l1`` or the block-stats kernel) and the
 slices are summed in fp64 (``Run.read`` casts before the reduce), so the global sums differ from one
 fp32 sum over the whole tensor by fp32 rounding (relative ~1e-7·log n), and the model's own outputs
 under CP differ by float noise too. The rules compare ratios of these sums with thresholds (τ, the TDC
 threshold and budget, ρ); a decision can differ from the 1-process run only when a ratio lies within
-that relative noise of its threshold. Outlier counts are integers, exact in fp64 (< 2⁵³).
+that relative noise of its threshold. Outlier counts are integers, exact in fp64 (< 2⁵³). Exception:
+NVFP4 activations carry a per-tensor scale from the amax of the tensor, which under CP is each rank's
+local amax, so after an NVFP4 route the outputs and sums move by more than float noise and a decision
+may differ from the 1-process run (the ranks still agree); ``docs/PARALLEL.md`` has the measurement.
 
 Order: call ``sixbit.apply`` *before* ``enable_parallelism``. diffusers' hooks wrap outside the ones
 already registered, so the CP split hook on ``blocks.0`` then runs first and sixbit's block hook sees
