@@ -35,9 +35,12 @@ TOKENS = 32
 
 def _config(name: str) -> SixBitConfig:
     # finite budget and ρ, τ inside Γ's range: skips, refreshes, routes and PDR all depend on the sums
-    tdc = dict(tdc_first=1, tdc_threshold=math.inf, tdc_budget=0.3)
+    # (the per-block rule: its thresholds and budget; "tdc_step" is the default step mode, probe block 0)
+    tdc = dict(tdc_mode="block", tdc_first=1, tdc_threshold=math.inf, tdc_budget=0.3)
     if name == "tdc_only":
         return SixBitConfig.preset("tdc_only", **tdc)
+    if name == "tdc_step":
+        return SixBitConfig.preset("tdc_only", tdc_first=1, tdc_probe_threshold=math.inf)
     return SixBitConfig.preset("balanced", policy=None, tau=0.225, pdr_k_sigma=2.5, pdr_rho=0.0063, **tdc)
 
 
@@ -97,7 +100,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("config", ["full", "tdc_only"])
+@pytest.mark.parametrize("config", ["full", "tdc_only", "tdc_step"])
 def test_decisions_identical_across_ranks_and_to_one_process(tmp_path, config):
     port = _free_port()
     outs = [tmp_path / f"rank{r}.json" for r in range(2)]
