@@ -187,6 +187,21 @@ def random_cogvideox(size: str, device, dtype=torch.bfloat16, *, text_encoder: b
     return pipe
 
 
+def mini_setup(model, device, steps: int | None, n_prompts: int):
+    """The quality-style benchmarks' set-up on sixbit-mini (or ``model``): the pipeline on ``device`` with
+    its progress bar off, the generation arguments (``steps`` overrides the step count when given) and
+    the evaluation prompts — in-grammar captions drawn with seed 7, the seed of sixbit-mini's model-card
+    evaluation. Returns ``(pipe, gen, prompts)``."""
+    import sixbit
+    from sixbit.mini import DEFAULT_GENERATION
+    from sixbit.mini.data import prompt_set
+
+    pipe = sixbit.load_pipeline(model, device=device)
+    pipe.set_progress_bar_config(disable=True)
+    gen = {**DEFAULT_GENERATION, **({"num_inference_steps": steps} if steps else {})}
+    return pipe, gen, prompt_set(7, n_prompts, split="train")
+
+
 def speed_call(size: str, height: int = 480, width: int = 720, frames: int = 49) -> dict:
     """The pipeline call the speed and memory benchmarks time (seeded generator included)."""
     if size == "tiny":

@@ -28,6 +28,7 @@ from benchmarks.common import (
     environment,
     fmt_stats,
     make_config,
+    mini_setup,
     parse,
     stats,
     tdc_overrides,
@@ -46,19 +47,11 @@ SAME_SKIPS = {"full_same_skips": "dmpq_tdc"}
 def quality(args) -> dict:
     import sixbit
     from sixbit.metrics import compare, flow_score, temporal_flicker
-    from sixbit.mini import DEFAULT_GENERATION
-    from sixbit.mini.data import prompt_set
     from sixbit.mini.judge import judge
     from sixbit.video import to_uint8
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    pipe = sixbit.load_pipeline(args.model, device=device)
-    pipe.set_progress_bar_config(disable=True)
-    gen = {**DEFAULT_GENERATION}
-    if args.steps:
-        gen["num_inference_steps"] = args.steps
-    # in-grammar evaluation captions (the same seed as sixbit-mini's model-card evaluation)
-    prompts = prompt_set(7, args.prompts, split="train")
+    pipe, gen, prompts = mini_setup(args.model, device, args.steps, args.prompts)
     seeds = list(range(args.seeds))
     configs = [c for c in (args.configs or QUALITY_CONFIGS)]
     if configs[0] != "fp16":

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, env_md, environment, parse, write_results
+from benchmarks.common import RESULTS, env_md, environment, mini_setup, parse, write_results
 from sixbit.dmpq import l1, ratio
 
 
@@ -170,14 +170,9 @@ def tdc_run(pipe, prompt, seed, gen, deltas, cfg) -> dict:
 
 def analysis(args) -> dict:
     import sixbit
-    from sixbit.mini import DEFAULT_GENERATION
-    from sixbit.mini.data import prompt_set
 
     torch.set_num_threads(args.threads)
-    pipe = sixbit.load_pipeline(args.model, device="cpu")
-    pipe.set_progress_bar_config(disable=True)
-    gen = {**DEFAULT_GENERATION, "num_inference_steps": args.steps}
-    prompts = prompt_set(7, args.prompts, split="train")
+    pipe, gen, prompts = mini_setup(args.model, "cpu", args.steps, args.prompts)
     base = sixbit.SixBitConfig.preset("tdc_paper")
     per_prompt = []
     for p in prompts:

@@ -25,6 +25,7 @@ from benchmarks.common import (
     environment,
     fmt_stats,
     make_config,
+    mini_setup,
     parse,
     stats,
     write_results,
@@ -64,16 +65,11 @@ def skipped_per_step(trace: dict) -> list[float]:
 def curves(args) -> dict:
     import sixbit
     from sixbit.metrics import compare
-    from sixbit.mini import DEFAULT_GENERATION
-    from sixbit.mini.data import prompt_set
     from sixbit.mini.judge import judge
     from sixbit.video import to_uint8
 
     torch.set_num_threads(args.threads)
-    pipe = sixbit.load_pipeline(args.model, device="cpu")
-    pipe.set_progress_bar_config(disable=True)
-    gen = {**DEFAULT_GENERATION, "num_inference_steps": args.steps}
-    prompts = prompt_set(7, args.prompts, split="train")
+    pipe, gen, prompts = mini_setup(args.model, "cpu", args.steps, args.prompts)
     cells = [(p, s) for p in prompts for s in range(args.seeds)]
 
     def generate(prompt, seed):
