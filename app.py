@@ -170,8 +170,11 @@ class ModelStore:
         name = model_name(model_id)
         if getattr(pipe, "sixbit_text_encoder", None) is not None:
             name += " · text encoder in 4-bit weights (both runs)"
+        from sixbit import costs
+
         return ModelInfo(model_id=model_id, display_name=name, limits=limits, dtype_bits=bits,
-                         device=str(pipe.device))
+                         device=str(pipe.device), device_class=hardware_class(pipe.device),
+                         shape=costs.TransformerShape.of(pipe.transformer))
 
     def identity(self, model_id: str) -> dict:
         """The model as a trace records it: a display id (never a path on the server) and its revision —
@@ -309,6 +312,24 @@ def gpu_duration(job_id=None, model_id=None, params=None, preset=None, overrides
     return int(min(300, max(30, 30 + 1.5 * runs * p.get("steps", 50) * per_step)))
 
 
+def hardware_class(device) -> str:
+    """``sixbit.costs.device_class`` of the device jobs run on (on ZeroGPU: its GPU, known by name only)."""
+    import torch
+
+    from sixbit import costs
+
+    dev = torch.device(device)
+    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" and torch.cuda.is_available() else None
+    return costs.device_class(str(dev), cap, gpu_name() if dev.type == "cuda" else None)
+
+
+def self_check_seconds(device) -> float:
+    """Seconds the kernels' load-time self-checks have taken on ``device`` so far (compiles included)."""
+    from sixbit import kernels
+
+    return sum(v["seconds"] for v in kernels.ops.self_check_status(device).values())
+
+
 def gpu_name() -> str | None:
     """The GPU the job will run on: ``SIXBIT_GPU_NAME`` if set; on ZeroGPU its current hardware (RTX Pro
     6000 Blackwell since May 2026: the GPU is not visible outside the GPU function); else CUDA's name."""
@@ -345,6 +366,7 @@ def gpu_job(job_id: str, model_id: str, params: dict, preset: str, overrides: di
                     raise _Stopped(0)
                 phase = "sixbit"
                 cfg = sixbit.SixBitConfig.preset(preset, **overrides)
+                checked = self_check_seconds(pipe.device)
                 t0 = time.perf_counter()
                 handle = sixbit.apply(pipe, cfg)
                 setup = time.perf_counter() - t0
@@ -354,6 +376,7 @@ def gpu_job(job_id: str, model_id: str, params: dict, preset: str, overrides: di
                 finally:
                     handle.remove()
                 res["setup_s"] = setup
+                res["self_check_s"] = self_check_seconds(pipe.device) - checked
                 import torch
 
                 from sixbit.trace import run_record

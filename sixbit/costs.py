@@ -1,7 +1,9 @@
-"""How long a denoising step takes: a FLOP count of the transformer, at a rate measured on the H200.
+"""How long a denoising step takes, and what 6Bit is expected to change on a device class.
 
-Used to reserve GPU time before a run (the app's ``spaces.GPU(duration=...)`` on Hugging Face ZeroGPU)
-and to say what to expect. The FLOPs of one CogVideoX/Wan-style transformer step, CFG batched
+Two models, both built from committed measurements only. (1) The bf16 step time: a FLOP count of the
+transformer at a rate measured on the H200 — used to reserve GPU time before a run (the app's
+``spaces.GPU(duration=...)`` on Hugging Face ZeroGPU). (2) The expected effect of a 6Bit configuration
+(:func:`expected_effect`): per-route unit costs per device class, documented below "Per-route unit costs". The FLOPs of one CogVideoX/Wan-style transformer step, CFG batched
 (``batch`` = 2), with ``T`` tokens (video + text), ``L`` blocks of width ``d`` and feed-forward width ``f``:
 
     linears   2 · batch · T · L · (4·d² + 2·d·f)          (q, k, v, out; ff in, ff out)
@@ -16,6 +18,37 @@ CogVideoX-2B 0.634 s/step (``benchmarks/results/peers_speed_h200.md``, baseline 
 relative to the H200's (:data:`RELATIVE_RATE`: the RTX Pro 6000 Blackwell of today's ZeroGPU has about
 half the H200's dense bf16 rate). A GPU missing from the table is assumed to be as slow as the slowest
 listed one, so a reservation errs long.
+
+**Per-route unit costs** (:data:`UNIT_COSTS`, one :class:`ClassCosts` per measured device class). A bf16
+step splits into attention, linear GEMMs and the rest (fractions of the step); 6Bit changes the rest
+(``other_sixbit``: its fused q/k LayerNorm and rotary), each computed linear call by its route's cost
+relative to a bf16 call (``route``), and a skipped block evaluation costs ``skipped`` of a computed bf16 one.
+With fractions p_r of the computed linear calls per route and the skipped fraction s of block evaluations:
+
+    step ratio = (1 − s) · (attention + other_sixbit + linear · Σ p_r · route_r) + s · skipped
+    expected per-step speed-up = 1 / step ratio
+
+* ``sm_90`` (NVIDIA H200, Hopper kernels): ``route`` = ``ops.linear`` end to end (quantize + GEMM) summed
+  over the four CogVideoX-2B linear shapes at M = 35,552 rows ÷ bf16 cuBLAS (``kernels_h200.json``,
+  "linear"); shares from ``step_profile_h200_2b_routes.json`` (bf16: attention 352.0, cuBLAS GEMM 122.9,
+  rest 159.8 of 634.7 ms; the full method's rest 81.0 ms); ``skipped`` fitted to the TDC-only row of
+  ``speed_h200_2b.json`` (35.8 % skipped, 18.71 s vs 31.49 s). Against the measured 2B rows of that file
+  the model is exact for TDC only (fitted), +0.3 % for W8A8 + TDC, +3.7 % for INT8 decisions on W8A8 and
+  +12.6 % (optimistic) for the full method (``tests/test_costs_effect.py``).
+* ``cpu`` (sixbit-mini, one thread, ``app_cpu.json`` profile): ``linear`` = F.linear's share of the
+  baseline transformer's CPU time; NVFP4, INT8 and FP16 (4-bit weights) are simulated in torch and were
+  measured together: one cost = the quantized linears' time per computed call ÷ a plain F.linear call's;
+  ``skipped`` fitted to the 6Bit transformer time at its 35.4 % skipped. W8A8 is not measured there.
+* **Not measured** (:func:`expected_effect` says so and gives no number): ``sm_80-89`` (the portable kernels
+  ran only on an H200 with the portable variant forced), ``sm_100`` and ``sm_120`` (ZeroGPU's RTX Pro 6000
+  Blackwell; native FP4 unverified), CUDA below 8.0.
+
+Below capability 10 no GPU has FP4 tensor cores: NVFP4 layers decode their 4-bit weights and multiply at
+16-bit rate (a memory win, slower per call than bf16 on the H200); INT8 decisions on W8A8 use the int8
+tensor cores. **Weight memory** (:data:`WEIGHT_RATIOS`): the transformer's resident weight bytes, bf16 ÷
+6Bit, from the engine's own count (``memory()``: (original + other) ÷ (packed + fp on device + other)) in
+``speed_h200_2b.json``, ``speed_h200_5b.json`` and ``app_cpu.json``, per model shape and weight format;
+on a GPU only — on the CPU the offloaded original weights stay in the same memory.
 """
 
 from __future__ import annotations
@@ -23,7 +56,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["TransformerShape", "COGVIDEOX_5B", "step_flops", "step_seconds", "relative_rate", "H200_EFFECTIVE_TFLOPS",
-           "RELATIVE_RATE"]
+           "RELATIVE_RATE", "ClassCosts", "UNIT_COSTS", "WEIGHT_RATIOS", "device_class", "Effect", "expected_effect",
+           "run_estimate", "weight_format", "fp4_tensor_cores", "NAME_CAPABILITY"]
 
 #: effective bf16 rate of a whole CogVideoX transformer step on the H200 (measured; see the docstring)
 H200_EFFECTIVE_TFLOPS = 373.0
@@ -82,3 +116,159 @@ def relative_rate(device_name: str | None) -> float:
 def step_seconds(shape: TransformerShape, tokens: int, device_name: str | None, batch: int = 2) -> float:
     """Estimated bf16 seconds of one denoising step on ``device_name``."""
     return step_flops(shape, tokens, batch) / (H200_EFFECTIVE_TFLOPS * 1e12 * relative_rate(device_name))
+
+
+# ------------------------------------------------------------------------- expected effect of 6Bit
+@dataclass(frozen=True)
+class ClassCosts:
+    """Unit costs of one device class (see the module docstring): step shares as fractions of a bf16 step,
+    per-route cost of a computed linear call ÷ a bf16 call, the cost of a skipped block evaluation."""
+
+    measured_on: str
+    sources: tuple[str, ...]
+    attention: float
+    linear: float
+    other: float
+    other_sixbit: float
+    skipped: float
+    route: dict[str, float]
+
+
+#: measured device classes only; every number is traceable to the named result files (tests recompute them)
+UNIT_COSTS: dict[str, ClassCosts] = {
+    "sm_90": ClassCosts(
+        measured_on="NVIDIA H200, CogVideoX-2B size 49×480×720",
+        sources=("kernels_h200.json", "step_profile_h200_2b_routes.json", "speed_h200_2b.json"),
+        attention=0.5545, linear=0.1937, other=0.2518, other_sixbit=0.1276, skipped=0.0888,
+        route={"bf16": 1.0, "nvfp4": 1.3057, "int8": 1.1478, "w8a8": 0.7066, "w4a16": 1.1918}),
+    "cpu": ClassCosts(
+        measured_on="CPU, sixbit-mini, one thread",
+        sources=("app_cpu.json",),
+        attention=0.0, linear=0.6165, other=0.3835, other_sixbit=0.3835, skipped=0.1622,
+        route={"bf16": 1.0, "nvfp4": 1.6751, "int8": 1.6751, "w4a16": 1.6751}),
+}
+
+#: bf16 ÷ 6Bit resident transformer weight bytes, by (model shape, weight format); see the module docstring
+WEIGHT_RATIOS: dict[tuple[TransformerShape, str], tuple[float, str]] = {
+    (TransformerShape(30, 1920, 7680), "nvfp4"): (2.2891, "speed_h200_2b.json"),
+    (TransformerShape(30, 1920, 7680), "nvfp4+int8"): (1.2060, "speed_h200_2b.json"),
+    (TransformerShape(30, 1920, 7680), "int8"): (1.6424, "speed_h200_2b.json"),
+    (TransformerShape(42, 3072, 12288), "nvfp4"): (2.5889, "speed_h200_5b.json"),
+    (TransformerShape(42, 3072, 12288), "nvfp4+int8"): (1.2291, "speed_h200_5b.json"),
+    (TransformerShape(42, 3072, 12288), "int8"): (1.7437, "speed_h200_5b.json"),
+    (TransformerShape(12, 256, 1024), "nvfp4"): (2.2890, "app_cpu.json"),
+}
+
+#: capability by a substring of the GPU's name (vendor specifications), for a GPU not visible yet (ZeroGPU)
+NAME_CAPABILITY = {"h200": (9, 0), "h100": (9, 0), "rtx pro 6000": (12, 0), "b200": (10, 0), "a100": (8, 0),
+                   "l40s": (8, 9), "rtx 4090": (8, 9), "l4": (8, 9), "a10g": (8, 6), "rtx 3090": (8, 6)}
+
+
+def device_class(device: str | None, capability: tuple[int, int] | None = None, name: str | None = None) -> str:
+    """``"cpu"``, ``"sm_90"``, ``"sm_80-89"``, ``"sm_100"``, ``"sm_120"``, ``"sm_<80"`` or ``"cuda"`` (capability
+    unknown), from the device string and the CUDA capability (or the GPU's name, :data:`NAME_CAPABILITY`)."""
+    if device is None or str(device).startswith("cpu"):
+        return "cpu"
+    if capability is None and name:
+        capability = next((c for k, c in NAME_CAPABILITY.items() if k in name.lower()), None)
+    if capability is None:
+        return "cuda"
+    major = capability[0]
+    if major == 9:
+        return "sm_90"
+    if major == 8:
+        return "sm_80-89"
+    if major >= 10:
+        return "sm_100" if major == 10 else f"sm_{major}0"
+    return "sm_<80"
+
+
+def fp4_tensor_cores(cls: str) -> bool:
+    """Whether a device class has FP4 tensor cores (capability ≥ 10)."""
+    return cls.startswith("sm_") and cls[3:].isdigit() and int(cls[3:]) >= 100
+
+
+def weight_format(cfg) -> str | None:
+    """The resident weight format a config packs (``"nvfp4"``, ``"nvfp4+int8"``: NVFP4 plus INT8 copies,
+    ``"int8"``, ``"bf16"``: nothing packed), or ``None`` for a setting without a measurement."""
+    if cfg.quant == "off":
+        return "bf16"
+    if cfg.fp_weights == "device" or cfg.modulation_weights != "fp":
+        return None
+    if cfg.quant == "w8a8":
+        return "int8"
+    if cfg.quant == "dmpq":
+        return "nvfp4+int8" if cfg.int8_route == "w8a8" else "nvfp4"
+    return None
+
+
+def _route_cost(costs: ClassCosts, trace_route: str, cfg) -> float | None:
+    """The unit cost of a trace route (``nvfp4`` / ``int8`` / ``fp16``) under ``cfg``; None if not measured."""
+    if trace_route == "fp16":
+        key = "bf16" if cfg.quant == "off" or cfg.fp_weights == "device" else "w4a16"
+    elif trace_route == "int8":
+        key = "w8a8" if cfg.quant == "w8a8" or (cfg.quant == "dmpq" and cfg.int8_route == "w8a8") else "int8"
+    else:
+        key = trace_route
+    return costs.route.get(key)
+
+
+def run_estimate(cls: str, cfg, route_counts: dict[str, int], skip_fraction: float) -> float | None:
+    """The model's per-step speed-up for a run's own decisions (its route counts and skipped fraction) on
+    device class ``cls``; ``None`` where the class or a route it used is not measured."""
+    costs = UNIT_COSTS.get(cls)
+    computed = {r: n for r, n in route_counts.items() if r != "skipped" and n}
+    if costs is None:
+        return None
+    total = sum(computed.values())
+    mix = 0.0
+    for r, n in computed.items():
+        c = _route_cost(costs, r, cfg)
+        if c is None:
+            return None
+        mix += n / total * c
+    if not total:
+        mix = 1.0
+    computed_step = costs.attention + costs.other_sixbit + costs.linear * mix
+    ratio = (1.0 - skip_fraction) * computed_step + skip_fraction * costs.skipped
+    return 1.0 / ratio
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a config is expected to do on a device class before a run: per-step speed-up bounds with every
+    block computed and at ``skip`` (None when the config has no TDC), the weight-memory ratio; ``None``
+    values are not measured (``sources`` names the result files the numbers come from)."""
+
+    device_class: str
+    measured: bool
+    computed: tuple[float, float] | None
+    skip: float | None
+    at_skip: tuple[float, float] | None
+    weight_ratio: float | None
+    sources: tuple[str, ...]
+
+
+def _bounds(cls: str, cfg, skip: float) -> tuple[float, float] | None:
+    routes = {"w8a8": ["int8"], "w4a4": ["nvfp4"], "w4a8": ["int8"], "off": ["fp16"]}.get(cfg.quant, ["nvfp4", "int8"])
+    vals = [run_estimate(cls, cfg, {r: 1}, skip) for r in routes]
+    if any(v is None for v in vals):
+        return None
+    return (min(vals), max(vals))
+
+
+def expected_effect(cfg, cls: str, shape: TransformerShape | None = None, skip: float = 0.5) -> Effect:
+    """The expected effect of ``cfg`` (a :class:`sixbit.SixBitConfig`) on device class ``cls`` for a model of
+    ``shape``: per-step speed-up bounds over the routes DMPQ may pick (all NVFP4 … all INT8) with every
+    block computed (what random weights give) and, with TDC, at the skipped fraction ``skip``."""
+    costs = UNIT_COSTS.get(cls)
+    fmt = weight_format(cfg)
+    ratio, wsrc = (1.0, None) if fmt == "bf16" else WEIGHT_RATIOS.get((shape, fmt), (None, None))
+    if cls == "cpu" and fmt != "bf16":
+        ratio = None  # the offloaded originals stay in the same (host) memory
+    sources = tuple(dict.fromkeys((*(costs.sources if costs else ()), *((wsrc,) if wsrc else ()))))
+    if cfg.quant == "off" and not cfg.tdc:
+        return Effect(cls, True, (1.0, 1.0), None, None, 1.0, sources)
+    computed = _bounds(cls, cfg, 0.0) if costs else None
+    at_skip = _bounds(cls, cfg, skip) if costs and cfg.tdc else None
+    return Effect(cls, costs is not None, computed, skip if cfg.tdc else None, at_skip, ratio, sources)

@@ -31,7 +31,7 @@ import numpy as np
 
 from sixbit import metrics as fidelity
 from sixbit.video import digest, write_mp4
-from ui import config_form, figures
+from ui import config_form, effects, figures
 from ui.state import BaselineCache, FileStore, JobRegistry, RunResult, baseline_key
 from ui.validate import LOG, ModelLimits, refuse, resolve_model_id, shown, validate_request
 
@@ -76,6 +76,8 @@ class ModelInfo:
     limits: ModelLimits
     dtype_bits: int
     device: str
+    device_class: str = "cpu"  # sixbit.costs.device_class of the device the jobs run on
+    shape: object = None  # sixbit.costs.TransformerShape of the transformer (weight-memory estimate)
 
 
 def _pdr_text(summary: dict, config: dict) -> str:
@@ -224,6 +226,13 @@ class DemoController:
         preset = config_form.normal_preset(preset)
         return [*config_form.preset_values(self.config_cls, preset, self.specs), preset]
 
+    def expected_markdown(self, preset: str, model_id: str | None = None, overrides: dict | None = None) -> str:
+        """The expected effect of ``preset`` (with ``overrides``) on the served model's device, before a run."""
+        preset = config_form.normal_preset(preset)
+        info = self.model_info(model_id or self.default_model)
+        cfg = config_form.build_config(self.config_cls, preset, overrides or {})
+        return effects.expected_markdown(cfg, info.device_class, info.shape, config_form.PRESET_LABELS[preset])
+
     def _upscale(self, width: int, height: int) -> int:
         return max(1, min(8, math.ceil(256 / min(width, height))))
 
@@ -232,7 +241,8 @@ class DemoController:
         write_mp4(frames, path, fps=self.fps, upscale=self._upscale(params["width"], params["height"]))
         return str(path)
 
-    def metrics_rows(self, base: RunResult, six: RunResult) -> list[list[str]]:
+    def metrics_rows(self, base: RunResult, six: RunResult, cfg=None, info: ModelInfo | None = None
+                     ) -> list[list[str]]:
         trace = six.trace or {}
         summary = trace.get("summary", {})
         m = fidelity.compare(six.frames, base.frames)
@@ -261,14 +271,25 @@ class DemoController:
         setup = six.extra.get("setup_s")
         if setup is not None:
             rows.append(["6Bit setup (sixbit.apply, not in wall time)", "—", _fmt(setup, " s")])
+        if cfg is not None and info is not None:
+            rows += effects.measured_rows(info.device_class, cfg, summary, step_speed)
+        check = six.extra.get("self_check_s")
+        if check:
+            rows.append(["kernel self-check, first use on this device (in wall time)", "—", _fmt(check, " s")])
         return rows
 
-    def path_markdown(self, info: ModelInfo, six: RunResult) -> str:
+    def path_markdown(self, info: ModelInfo, six: RunResult, base: RunResult | None = None) -> str:
         trace = six.trace or {}
         path = trace.get("compute_path", "unknown")
         device = trace.get("device") or six.extra.get("device") or info.device
         explain = explain_compute_path(path)
-        return (f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}")
+        text = f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}"
+        if base is not None and base.step_time_s and six.step_time_s and six.step_time_s > base.step_time_s:
+            why = effects.slower_reasons(info.device_class, trace.get("summary") or {}, path,
+                                         six.extra.get("self_check_s"))
+            text += (f"\n\n**Why 6Bit was slower here ({base.step_time_s / six.step_time_s:.2f}× per step):** "
+                     + ("; ".join(why) if why else "no recorded cause (timing noise or host load)") + ".")
+        return text
 
     # ---------------------------------------------------------------- handlers
     def stop(self, request: gr.Request) -> str:
@@ -317,7 +338,8 @@ class DemoController:
         params = validate_request(info.limits, prompt, negative_prompt, seed, steps, frames, resolution, guidance)
         preset = config_form.normal_preset(preset)
         over = config_form.overrides(self.config_cls, preset, self.specs, list(advanced), form_preset)
-        config_form.build_config(self.config_cls, preset, over)  # validate now, before any work
+        cfg = config_form.build_config(self.config_cls, preset, over)  # validate now, before any work
+        expected = effects.expected_markdown(cfg, info.device_class, info.shape, config_form.PRESET_LABELS[preset])
 
         key = baseline_key(model_id, params)
         cached = self.baselines.get(key)
@@ -338,7 +360,7 @@ class DemoController:
                 skips=figures.placeholder("Block decisions per step (Temporal Delta Cache / PDR)", wait_msg),
                 curves=figures.placeholder("Γ and accumulated cache error", wait_msg),
                 baseline_video=cached.video_path if cached else None, sixbit_video=None,
-                metrics=None, path_info="", trace_file=None,
+                metrics=None, path_info="**Before the run** — " + expected, trace_file=None,
             )
             job = self.job_fn(job_id=session, model_id=model_id, params=params, preset=preset, overrides=over,
                               need_baseline=cached is None)
@@ -386,7 +408,7 @@ class DemoController:
                     trace = six.trace or trace or {}
                     if base is None:
                         raise RuntimeError("the job finished without a baseline")
-                    rows = self.metrics_rows(base, six)
+                    rows = self.metrics_rows(base, six, cfg, info)
                     trace_path = self.files.new_path("trace", ".json")
                     trace_path.write_text(json.dumps(self.trace_file_dict(trace, info, ev.get("run"), base, six),
                                                      indent=1))
@@ -397,7 +419,8 @@ class DemoController:
                         precision=figures.precision_figure(trace, n), skips=figures.skip_figure(trace, n),
                         curves=figures.curves_figure(trace, n), baseline_video=base.video_path,
                         sixbit_video=six.video_path, metrics=rows,
-                        path_info=self.path_markdown(info, six), trace_file=str(trace_path))
+                        path_info=self.path_markdown(info, six, base) + "\n\n**Expected before the run:** "
+                        + expected, trace_file=str(trace_path))
         except Exception as e:  # the job failed: say so in the status line and in Gradio's error modal
             if isinstance(e, gr.Error):
                 raise
@@ -428,6 +451,7 @@ class DemoController:
         frames = np.asarray(ev["frames"])
         res = RunResult(frames=frames, time_s=float(ev["time_s"]), step_time_s=ev.get("step_time_s"),
                         peak_mem_bytes=ev.get("peak_mem_bytes"), act_bits=float(ev.get("act_bits", 16)),
-                        trace=ev.get("trace"), extra={"setup_s": ev.get("setup_s"), "device": ev.get("device")})
+                        trace=ev.get("trace"), extra={"setup_s": ev.get("setup_s"), "device": ev.get("device"),
+                                                      "self_check_s": ev.get("self_check_s")})
         res.video_path = self._write_video(frames, stem, params)
         return res

@@ -98,6 +98,7 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
                                      value=float(defaults.get("guidance_scale", 6.0)))
                 preset = gr.Radio([(config_form.PRESET_LABELS[p], p) for p in config_form.PRESETS],
                                   value="balanced", label="6Bit preset", elem_id="preset")
+                expected = gr.Markdown(controller.expected_markdown("balanced"), elem_id="expected-effect")
                 form_preset = gr.State("balanced")  # the preset the Advanced fields were filled from
                 base_vals = config_form.preset_values(controller.config_cls, "balanced", controller.specs)
                 with gr.Accordion("Advanced — every 6Bit threshold", open=False, elem_id="advanced"):
@@ -141,8 +142,11 @@ def build_demo(controller: DemoController, info: ModelInfo, defaults: dict, exam
         )
         stop_btn.click(controller.stop, None, [comps["status"]], cancels=[gen], api_name="stop",
                        show_progress="hidden")
+        preset.change(controller.expected_markdown, [preset], [expected], api_name="expected_effect",
+                      show_progress="hidden")
         if adv:
             preset.change(controller.preset_values, [preset], [*adv, form_preset], api_name="preset_values",
                           show_progress="hidden")
-    demo.sixbit_components = dict(comps, model=model, prompt=prompt, generate=generate_btn, stop=stop_btn)
+    demo.sixbit_components = dict(comps, model=model, prompt=prompt, generate=generate_btn, stop=stop_btn,
+                                  expected=expected)
     return demo

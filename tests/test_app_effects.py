@@ -1,0 +1,80 @@
+"""The app states the chosen preset's expected effect on this device before a run, the measured one after,
+and why a slower 6Bit run was slower (sixbit-mini on the CPU, the real engine; other device classes through
+the text functions)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import app
+from sixbit import costs
+from sixbit.config import SixBitConfig
+from ui import config_form, effects
+from ui.handlers import OUTPUTS
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+IDX = {n: i for i, n in enumerate(OUTPUTS)}
+TWO_B = costs.TransformerShape(30, 1920, 7680)
+
+
+@pytest.fixture(scope="module")
+def served():
+    demo, controller = app.create_app(allow_hub=False, queue_size=4)
+    yield demo, controller
+    controller.files.cleanup()
+
+
+def test_the_page_states_the_expected_effect_before_and_the_measured_one_after(served):
+    demo, ctrl = served
+    page = demo.sixbit_components["expected"].value
+    assert "Expected on this CPU" in page and "simulated" in page and "`app_cpu.json`" in page
+    assert "no weight-memory saving on the CPU" in page
+    assert "Aggressive" in ctrl.expected_markdown("aggressive")
+    assert ctrl.expected_markdown("off").endswith("1×.")
+    adv = config_form.preset_values(ctrl.config_cls, "balanced", ctrl.specs)
+    prompt = app.example_prompts(ctrl.default_model)[0]
+    updates = list(ctrl.generate(SimpleNamespace(session_hash="fx"), "", prompt, "", 3, 3, 9, "32x32", 5.0,
+                                 "balanced", "balanced", *adv))
+    first = updates[0][IDX["path_info"]]
+    assert first.startswith("**Before the run**") and "Expected on this CPU" in first
+    done = [u for u in updates if isinstance(u[IDX["metrics"]], list)][-1]
+    rows = {r[0]: r[1:] for r in done[IDX["metrics"]]}
+    est = rows["expected per-step speed-up for this run's routes and skips (sixbit/costs.py)"][1]
+    measured = rows["measured per-step speed-up"][1]
+    assert est.endswith("×") and float(est[:-1]) > 0 and measured.endswith("×")
+    assert any(k.startswith("transformer weights resident") for k in rows)
+    path = done[IDX["path_info"]]
+    assert "**Expected before the run:**" in path
+    if float(measured[:-1]) < 1:  # a slower 6Bit run always comes with its reasons
+        assert "Why 6Bit was slower here" in path and "simulated" in path
+
+
+def test_hopper_text_says_memory_and_offers_the_speed_alternative_with_numbers():
+    text = effects.expected_markdown(SixBitConfig.preset("balanced"), "sm_90", TWO_B, "Balanced")
+    assert "Hopper (sm_90)" in text and "2.29× smaller" in text
+    assert "optimises **memory (4-bit weights)**" in text and "INT8 route = w8a8" in text
+    assert "1.07×–1.11× with every block computed" in text  # traceable: tests/test_costs_effect.py
+    fast = effects.expected_markdown(SixBitConfig.preset("balanced", quant="w8a8"), "sm_90", TWO_B)
+    assert "1.22× with every block computed" in fast and "1.64× smaller" in fast
+
+
+@pytest.mark.parametrize("cls", ["sm_120", "sm_80-89"])
+def test_unmeasured_devices_say_not_measured_and_show_no_speed(cls):
+    text = effects.expected_markdown(SixBitConfig.preset("balanced"), cls, TWO_B)
+    assert "**not measured** on this device class" in text and "with every block computed" not in text
+    row = effects.measured_rows(cls, SixBitConfig.preset("balanced"), {"route_counts": {"nvfp4": 5}}, 0.8)
+    assert row[0][2] == "not measured on this device class" and row[1][2] == "0.80×"
+    if cls == "sm_120":
+        assert "no FP4 tensor cores" not in text  # Blackwell has them (unverified path)
+
+
+def test_a_slower_run_on_random_weights_names_its_reasons():
+    summary = {"skip_fraction": 0.0, "route_counts": {"nvfp4": 95, "int8": 5, "fp16": 0, "skipped": 0}}
+    why = effects.slower_reasons("sm_90", summary, "hopper-triton", 3.2)
+    assert any("nothing was skipped" in w for w in why)
+    assert any("95% of computed linear calls ran NVFP4" in w for w in why)
+    assert any("3.2 s" in w for w in why)
+    assert any("self-check" in w for w in effects.slower_reasons(
+        "sm_90", summary, "hopper-triton; self-check fallback: nvfp4/small → torch", None))
