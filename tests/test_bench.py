@@ -116,13 +116,14 @@ def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatc
     with memory.PhasePeaks(pipe, "cpu") as pp:
         generate(pipe, output_type="pt")
     assert list(pp.phases) == ["encode", "denoise", "decode"]  # on a CPU: the order only
-    assert all(v == {"start_bytes": None, "peak_bytes": None} for v in pp.phases.values())
+    assert all(v == {"start_bytes": None, "peak_bytes": None, "peak_reserved_bytes": None} for v in pp.phases.values())
 
     # the CUDA bookkeeping, with the allocator's counters simulated: each phase's peak is read before the reset
     state = {"alloc": 100, "peak": 100}
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: state["alloc"])
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: state["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: state["peak"] + 1)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=state["alloc"]))
     bumps = iter([(150, 900), (400, 700), (120, 5000)])  # (allocated after, transient peak) per phase
 
@@ -138,9 +139,9 @@ def test_phase_peaks_split_a_pipeline_call_into_encode_denoise_decode(monkeypatc
         pp._enter("denoise")          # repeated calls of the same phase change nothing
         pp._enter("decode")
         work()
-    assert pp.phases == {"encode": {"start_bytes": 100, "peak_bytes": 900},
-                         "denoise": {"start_bytes": 150, "peak_bytes": 700},
-                         "decode": {"start_bytes": 400, "peak_bytes": 5000}}
+    assert pp.phases == {"encode": {"start_bytes": 100, "peak_bytes": 900, "peak_reserved_bytes": 901},
+                         "denoise": {"start_bytes": 150, "peak_bytes": 700, "peak_reserved_bytes": 701},
+                         "decode": {"start_bytes": 400, "peak_bytes": 5000, "peak_reserved_bytes": 5001}}
 
 
 def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
@@ -152,8 +153,15 @@ def test_pipeline_memory_rows_run_end_to_end_on_cpu(one_thread):
     for name, row in res.items():
         assert "error" not in row, (name, row.get("traceback"))
         assert list(row["phases"]) == ["encode", "denoise", "decode"] and "peak_bytes" not in row  # no bytes on CPU
-        assert row["lean"] == name.endswith("_lean")
+        assert row["loading"] == memory.PIPELINE_MEMORY_ROWS[name][1]
         assert row["text_encoder_4bit"] == (name == "full_lean")
+    # the app's 6Bit row: balanced applied to the resident pipeline, the prompt passed as the app passes it
+    assert res["app_balanced"]["config"] == "balanced" and res["app_balanced"]["loading"] == "resident"
+    fake = {"size": "2b", "slice_bytes": memory.SLICE_BYTES, "environment": {"date": "d"}, "command": "c",
+            "rows": {"bf16": {"phases": {}, "before_row_bytes": 0, "peak_bytes": 30 * 2**30,
+                              "peak_reserved_bytes": 46 * 2**30}}}
+    md = memory.report(fake)
+    assert "headroom 14.70 GiB (fits)" in md and "headroom -1.30 GiB (DOES NOT FIT)" in md
     te = res["full_lean"]["text_encoder_memory"]
     assert 0 < te["packed_bytes"] < te["original_bytes"]
     # every part is back where it was, unwrapped: a plain call works again
