@@ -9,6 +9,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # python3-dev + gcc: Triton compiles its small launcher stubs with the host C compiler at run time.
 # libglib2.0-0: needed by OpenCV (optical-flow metric). ffmpeg comes with imageio-ffmpeg.
+# Unpinned on purpose: the base image's Ubuntu release fixes the versions.
+# hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libglib2.0-0 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
@@ -16,7 +18,7 @@ RUN apt-get update \
 # Non-root user with uid 1000 (the uid Hugging Face Spaces runs Docker images as). The Ubuntu 24.04
 # base image already has a user "ubuntu" with that uid: remove it first.
 RUN (userdel -r ubuntu 2>/dev/null || true) && useradd -m -u 1000 -s /bin/bash user
-USER user
+USER 1000
 ENV HOME=/home/user \
     PATH=/home/user/venv/bin:$PATH
 WORKDIR /home/user/app
@@ -26,6 +28,8 @@ RUN python3 -m venv /home/user/venv
 ARG TORCH_SPEC="torch==2.11.0"
 ARG TORCH_INDEX="https://download.pytorch.org/whl/cu128"
 COPY --chown=user requirements.txt ./
+# torch is pinned through TORCH_SPEC (hadolint cannot see an ARG's value); the rest by requirements.txt.
+# hadolint ignore=DL3013
 RUN pip install --index-url "$TORCH_INDEX" "$TORCH_SPEC" \
  && pip install -r requirements.txt
 
@@ -37,5 +41,5 @@ ENV GRADIO_SERVER_NAME=0.0.0.0 \
     GRADIO_ANALYTICS_ENABLED=False
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=10s --start-period=120s \
-  CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=8)"
+  CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=8)"]
 CMD ["python3", "app.py"]

@@ -26,6 +26,15 @@ Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benc
 ``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
 (0.3). They are starting points for other models and step counts, not calibrated values.
 
+What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
+NVFP4 layers can be a speed win (that path is unverified). Below capability 10 (Hopper, Ada, Ampere) and on
+the CPU it optimises **memory**: 4-bit weights (CogVideoX-2B's transformer 2.29× smaller), NVFP4 layers
+decoded and multiplied at 16-bit rate — slower per call than bf16 on the H200 — and its speed comes from
+skipped blocks. The speed alternative there: ``int8_route="w8a8"`` (INT8 decisions on the int8 tensor
+cores, 8-bit weight copies kept) or ``quant="w8a8"`` with TDC (static W8A8 + TDC, the fastest measured
+pairing on the H200). ``sixbit.costs.expected_effect`` gives the numbers per device class; the app shows
+them before a run.
+
 Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
 one every linear uses E = Γ (α = 1, β = 0) and ``tau`` (default :data:`UNCALIBRATED_TAU`), which the
 trace reports as ``"policy": "uncalibrated"``.

@@ -238,7 +238,8 @@ def policy_fingerprint(policy) -> dict[str, Any]:
     import hashlib
     import json
 
-    body = json.dumps(json_safe(policy.to_dict()), sort_keys=True, separators=(",", ":"))
+    content = policy.to_dict() if policy.calibrated else {"uncalibrated": True, "tau": policy.tau}  # E = Γ
+    body = json.dumps(json_safe(content), sort_keys=True, separators=(",", ":"))
     return {"id": policy.describe(), "model": getattr(policy, "model", None),
             "calibrated": bool(policy.calibrated), "sha256": hashlib.sha256(body.encode()).hexdigest()}
 

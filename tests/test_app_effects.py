@@ -78,3 +78,13 @@ def test_a_slower_run_on_random_weights_names_its_reasons():
     assert any("3.2 s" in w for w in why)
     assert any("self-check" in w for w in effects.slower_reasons(
         "sm_90", summary, "hopper-triton; self-check fallback: nvfp4/small → torch", None))
+
+
+def test_a_model_without_a_shipped_policy_gets_a_run_record():
+    """The app records every 6Bit run's policy; a model with no calibrated policy (a random-weight folder, a
+    Hub model) runs DMPQ uncalibrated, and its record must not fail (it did: ``Policy.to_dict`` refuses)."""
+    from sixbit.policy import Policy
+    from sixbit.trace import policy_fingerprint
+
+    a, b = policy_fingerprint(Policy.uncalibrated(0.5)), policy_fingerprint(Policy.uncalibrated(0.4))
+    assert a["calibrated"] is False and len(a["sha256"]) == 64 and a["sha256"] != b["sha256"]

@@ -55,15 +55,20 @@ def expected_markdown(cfg, cls: str, shape: costs.TransformerShape | None, prese
         return f"**Expected on {where}:** the baseline model itself (no quantization, no skipping): 1×."
     lines = [f"**Expected on {where}** ({preset or 'this configuration'}): {_speed_line(e)}; "
              f"{_memory_line(e, cfg)}."]
-    if cfg.quant != "off" and not costs.fp4_tensor_cores(cls):
-        opt = "memory (4-bit weights)" if costs.weight_format(cfg) in ("nvfp4", "nvfp4+int8") else "memory"
-        lines.append(f"This device has no FP4 tensor cores: NVFP4 layers decode their 4-bit weights and multiply "
+    four_bit = costs.weight_format(cfg) in ("nvfp4", "nvfp4+int8")
+    if cls == "cpu" and cfg.quant != "off":
+        lines.append("On the CPU every quantized layer is simulated in plain torch (slower than the baseline's); "
+                     "the speed comes from skipped blocks only. On a GPU this setting optimises "
+                     + ("**memory (4-bit weights)**" if four_bit else "memory and INT8 speed") + ".")
+    elif cfg.quant != "off" and not costs.fp4_tensor_cores(cls) and cfg.quant != "w8a8":
+        opt = "memory (4-bit weights)" if four_bit else "memory"
+        lines.append(f"This GPU has no FP4 tensor cores: NVFP4 layers decode their 4-bit weights and multiply "
                      f"at 16-bit rate, so this setting optimises **{opt}**, not speed; the speed comes from skipped "
-                     "blocks." + (" " + SPEED_ALTERNATIVE if cls != "cpu" else
-                                  " On the CPU every quantized layer is simulated (slower than the baseline)."))
+                     "blocks and INT8 layers. " + SPEED_ALTERNATIVE)
     if e.sources:
-        lines.append("Model from measured unit costs: " + ", ".join(f"`{s}`" for s in e.sources)
-                     + " (sixbit/costs.py; on the H200 it over-estimates the full method by up to 13 %).")
+        lines.append("Model from measured unit costs: " + ", ".join(f"`{s}`" for s in e.sources) + " (sixbit/costs.py"
+                     + ("; it over-estimates the full method's measured 2B speed-up by 13 %" if cls == "sm_90" else "")
+                     + ").")
     return "\n\n".join(lines)
 
 
