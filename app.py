@@ -319,7 +319,12 @@ def hardware_class(device) -> str:
     from sixbit import costs
 
     dev = torch.device(device)
-    cap = torch.cuda.get_device_capability(dev) if dev.type == "cuda" and torch.cuda.is_available() else None
+    cap = None
+    if dev.type == "cuda" and not (spaces is not None and os.environ.get("SPACES_ZERO_GPU")):
+        try:  # ZeroGPU: no GPU outside the GPU function; the class then comes from the name
+            cap = torch.cuda.get_device_capability(dev)
+        except (RuntimeError, AssertionError):
+            cap = None
     return costs.device_class(str(dev), cap, gpu_name() if dev.type == "cuda" else None)
 
 

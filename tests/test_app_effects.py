@@ -88,3 +88,14 @@ def test_a_model_without_a_shipped_policy_gets_a_run_record():
 
     a, b = policy_fingerprint(Policy.uncalibrated(0.5)), policy_fingerprint(Policy.uncalibrated(0.4))
     assert a["calibrated"] is False and len(a["sha256"]) == 64 and a["sha256"] != b["sha256"]
+
+
+def test_the_device_class_on_zerogpu_comes_from_its_gpus_name(monkeypatch):
+    """On ZeroGPU the GPU is not visible outside the GPU function: the class is read from the GPU's name."""
+    monkeypatch.setattr(app, "spaces", SimpleNamespace(GPU=lambda **kw: (lambda fn: fn)))
+    monkeypatch.setenv("SPACES_ZERO_GPU", "1")
+    monkeypatch.delenv("SIXBIT_GPU_NAME", raising=False)
+    assert app.hardware_class("cuda") == "sm_120"
+    assert app.hardware_class("cpu") == "cpu"
+    text = effects.expected_markdown(SixBitConfig.preset("balanced"), "sm_120", TWO_B, "Balanced")
+    assert "Blackwell (sm_120)" in text and "not measured" in text
