@@ -99,3 +99,22 @@ def test_the_device_class_on_zerogpu_comes_from_its_gpus_name(monkeypatch):
     assert app.hardware_class("cpu") == "cpu"
     text = effects.expected_markdown(SixBitConfig.preset("balanced"), "sm_120", TWO_B, "Balanced")
     assert "Blackwell (sm_120)" in text and "not measured" in text
+
+
+@pytest.mark.parametrize("steps", [None, (0.5, 0.6)])
+def test_a_slower_6bit_run_is_never_shown_without_reasons(served, steps):
+    """With per-step times the check is per step; a one-step run (no step times) falls back to wall time."""
+    import numpy as np
+
+    from ui.state import RunResult
+
+    _, ctrl = served
+    info = ctrl.model_info(ctrl.default_model)
+    frames = np.zeros((1, 8, 8, 3), np.uint8)
+    trace = {"compute_path": "cpu-reference", "summary": {"skip_fraction": 0.0, "route_counts": {"nvfp4": 4}}}
+    b, s = steps or (None, None)
+    base = RunResult(frames, time_s=1.0, step_time_s=b, peak_mem_bytes=None, act_bits=32.0)
+    six = RunResult(frames, time_s=1.3, step_time_s=s, peak_mem_bytes=None, act_bits=5.0, trace=trace)
+    text = ctrl.path_markdown(info, six, base)
+    assert "Why 6Bit was slower here" in text and "nothing was skipped" in text
+    assert ("per step" if steps else "wall time") in text

@@ -284,10 +284,13 @@ class DemoController:
         device = trace.get("device") or six.extra.get("device") or info.device
         explain = explain_compute_path(path)
         text = f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}"
-        if base is not None and base.step_time_s and six.step_time_s and six.step_time_s > base.step_time_s:
+        steps = base is not None and base.step_time_s and six.step_time_s
+        b_s, s_s, per = (base.step_time_s, six.step_time_s, "per step") if steps else (
+            base.time_s if base is not None else None, six.time_s, "wall time")
+        if b_s and s_s and s_s > b_s:  # a slower 6Bit run is never shown without its recorded reasons
             why = effects.slower_reasons(info.device_class, trace.get("summary") or {}, path,
                                          six.extra.get("self_check_s"))
-            text += (f"\n\n**Why 6Bit was slower here ({base.step_time_s / six.step_time_s:.2f}× per step):** "
+            text += (f"\n\n**Why 6Bit was slower here ({b_s / s_s:.2f}× {per}):** "
                      + ("; ".join(why) if why else "no recorded cause (timing noise or host load)") + ".")
         return text
 
