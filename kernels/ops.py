@@ -673,8 +673,16 @@ def producers_supported(x: torch.Tensor, backend: str = "auto") -> bool:
     return x.dtype in (torch.bfloat16, torch.float16) or (x.dtype == torch.float32 and not x.is_cuda)
 
 
-def _producer_checked(key: tuple, like: torch.Tensor, run, ref, backend: str) -> bool:
-    return backend == "triton" or _checked(like.device, key, run, ref)
+def _producer_ok(key: tuple, dev: torch.device, problem, backend: str) -> bool:
+    """``backend="triton"``: yes; ``auto``: the producer kernel's self-check on ``dev`` (``problem()`` →
+    (kernel run, reference), built only on the first call per key)."""
+    if backend == "triton":
+        return True
+    impl = selfcheck.cached(dev, key)
+    if impl is None:
+        run, ref = problem()
+        impl = selfcheck.choose(dev, key, [(selfcheck.TRITON, run), (selfcheck.TORCH, None)], ref)
+    return impl == selfcheck.TRITON
 
 
 def norm_modulate_int8(parts, weight, bias, eps: float, hadamard_block: int | None, *, dense: bool = False,
@@ -684,31 +692,34 @@ def norm_modulate_int8(parts, weight, bias, eps: float, hadamard_block: int | No
     reference ``formats.norm_modulate_int8``), or ``None`` where the kernel does not serve (check
     :func:`producers_supported`; under ``auto`` the kernel is self-checked once per device, K and dtype)."""
     x0 = parts[0][0]
-    k = x0.shape[-1]
-    g = torch.Generator(device=x0.device).manual_seed(2)
-    probe = [(torch.randn(2, n, k, generator=g, device=x0.device).to(x0.dtype) * 3,
-              torch.randn(2, k, generator=g, device=x0.device).to(x0.dtype),
-              torch.randn(2, k, generator=g, device=x0.device).to(x0.dtype)) for n in (3, 17)]
-    wb = (weight, bias)
-    ok = _producer_checked(("norm_modulate_int8", k, x0.dtype, hadamard_block), x0,
-                           lambda: _deq(_norm_modulate_kernel(probe, *wb, eps, hadamard_block)[0]),
-                           lambda: _deq(spec.norm_modulate_int8(probe, *wb, eps, hadamard_block)), backend)
-    if not ok:
+    k, dev, dt = x0.shape[-1], x0.device, x0.dtype
+
+    def problem():
+        g = torch.Generator(device=dev).manual_seed(2)
+        probe = [tuple(torch.randn(*shape, generator=g, device=dev).to(dt) for shape in ((2, n, k), (2, k), (2, k)))
+                 for n in (3, 17)]
+        return (lambda: _deq(_norm_modulate_kernel(probe, weight, bias, eps, hadamard_block)[0]),
+                lambda: _deq(spec.norm_modulate_int8(probe, weight, bias, eps, hadamard_block)))
+
+    if not _producer_ok(("norm_modulate_int8", k, dt, hadamard_block), dev, problem, backend):
         return None
     q, _ = _norm_modulate_kernel(parts, weight, bias, eps, hadamard_block, dense=dense)
-    return QuantizedInput(q, hadamard_block, (x0.shape[0], sum(p[0].shape[1] for p in parts)), x0.dtype)
+    return QuantizedInput(q, hadamard_block, (x0.shape[0], sum(p[0].shape[1] for p in parts)), dt)
 
 
 def gelu_int8(x: torch.Tensor, hadamard_block: int | None, *, dense: bool = False,
               backend: str = "auto") -> QuantizedInput | None:
     """``gelu(x, approximate="tanh")`` as the :class:`QuantizedInput` of the linear it feeds
-    (``gelu_quant.gelu_int8``; reference ``formats.gelu_int8``), or ``None`` where the kernel does not serve."""
+    (``gelu_quant.gelu_int8``; reference ``formats.gelu_int8``), or ``None`` where the kernel does not serve.
+    Not wired into the engine: slower than GELU + quantize on the H200 (docs/KERNELS.md)."""
     k = x.shape[-1]
-    probe = _check_input(19, k, x.dtype, x.device)
-    ok = _producer_checked(("gelu_int8", k, x.dtype, hadamard_block), x,
-                           lambda: _deq(_gelu_int8_kernel(probe, hadamard_block)),
-                           lambda: _deq(spec.gelu_int8(probe, hadamard_block)), backend)
-    if not ok:
+
+    def problem():
+        probe = _check_input(19, k, x.dtype, x.device)
+        return (lambda: _deq(_gelu_int8_kernel(probe, hadamard_block)),
+                lambda: _deq(spec.gelu_int8(probe, hadamard_block)))
+
+    if not _producer_ok(("gelu_int8", k, x.dtype, hadamard_block), x.device, problem, backend):
         return None
     return QuantizedInput(_gelu_int8_kernel(x, hadamard_block, dense=dense), hadamard_block, tuple(x.shape[:-1]),
                           x.dtype)

@@ -141,3 +141,31 @@ def test_quantized_input_errors_name_the_mismatch():
         ops().linear(ops().QuantizedInput(act, 16, (4,), torch.float32), p, "w8a8")
     with pytest.raises(ValueError, match="k_sigma"):
         ops().linear(q, p, "w8a8", k_sigma=8.0)
+
+
+def test_producers_are_self_checked_under_auto(monkeypatch, one_thread):
+    """``backend="auto"``: the producer kernels are checked once per device against formats' reference; a
+    broken one falls back (a warning) and the block runs its own forward."""
+    from sixbit_kernels import selfcheck, targets
+
+    k = ops()
+    x = torch.randn(2, 9, 64)
+    parts = [(x, torch.ones(2, 64), torch.zeros(2, 64))]
+    with selfcheck.interpreter_dispatch(targets.INTERPRETER):
+        assert k.producers_supported(x, "auto")
+        q = k.norm_modulate_int8(parts, None, None, 1e-5, 32)
+        assert q.form == "int8" and q.shape == (2, 9, 64)
+        assert selfcheck.status("cpu")["norm_modulate_int8/64/torch.float32/32"]["impl"] == "triton"
+        g = k.gelu_int8(x, 32, dense=True)
+        assert g.form == "int8-dense" and g.lead == (2, 9)
+    real = k._norm_modulate_kernel
+
+    def broken(parts, *a, **kw):
+        q, y = real(parts, *a, **kw)
+        return spec.Int8Tensor(q.data, q.scale * 2, q.orig_dtype), y
+
+    monkeypatch.setattr(k, "_norm_modulate_kernel", broken)
+    with selfcheck.interpreter_dispatch(targets.INTERPRETER):
+        with pytest.warns(RuntimeWarning, match="norm_modulate_int8/64.*failed its self-check"):
+            assert k.norm_modulate_int8(parts, None, None, 1e-5, 32) is None
+    assert not k.producers_supported(x, "auto")  # CPU without interpreter dispatch: today's path
