@@ -98,6 +98,9 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
     for x, op, sh in parts:
         _check_part(x, op, sh, k, b)
     interp = check_launchable(*(t for p in parts for t in p))
+    if x0.dtype == torch.float32 and not interp:
+        raise TypeError("norm_modulate: fp32 activations run only in the interpreter (on the H200 the fp32 "
+                        "rotation at K=384, block 128 needed 288 KB of shared memory); the GPU path is bf16/fp16")
     hb = int(hadamard_block or 0)
     bk, tok, g, waves, nw = geometry(k, hb, interp)
     s_out = sum(p[0].shape[1] for p in parts)

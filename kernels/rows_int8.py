@@ -20,11 +20,12 @@ import triton.language as tl
 from ._common import absbits, cdiv, chunk_width, next_pow2, rne_int, rotate
 from .hadamard_quant import _tok_expand, _tok_reduce
 
-#: rows of the register tile on CUDA (K ≤ 32 chunks, e.g. 1920) and for longer rows (7680): the tiles of
-#: ``hadamard_quant.CUDA_ROWS_CONFIG`` / ``CUDA_ROWS_CONFIG_LONG``
-CUDA_ROWS, CUDA_ROWS_LONG, ROWS_SHORT_MAX = 64, 256, 32
+#: rows of the register tile on CUDA for rows of ≤ ``ROWS_SHORT_MAX`` chunks (e.g. 1920: two tokens, the tile
+#: of ``hadamard_quant.CUDA_ROWS_CONFIG``); longer rows (3072, 7680) take one token per step — a 256-row tile
+#: (``CUDA_ROWS_CONFIG_LONG``) needed 360 KB of shared memory in the norm kernel at 3072 (sm_90 compile)
+CUDA_ROWS, ROWS_SHORT_MAX = 64, 32
 #: programs per SM (persistent grid) for the short / long tiles, warps per program
-CUDA_WAVES, CUDA_WAVES_LONG, NUM_WARPS = 8, 2, 4
+CUDA_WAVES, CUDA_WAVES_LONG, NUM_WARPS = 8, 4, 4
 INTERP_ROWS = 128
 #: the fused producers keep a whole token in one register step: K ≤ 128 chunks of BK
 MAX_CHUNKS = 128
@@ -39,7 +40,7 @@ def geometry(k: int, hadamard_block: int | None, interp: bool) -> tuple[int, int
     if nchr > MAX_CHUNKS:
         raise ValueError(f"K={k}: the fused producers hold a token in one step of at most {MAX_CHUNKS} chunks of {bk}")
     g = next_pow2(nchr)
-    rows = INTERP_ROWS if interp else (CUDA_ROWS if nchr <= ROWS_SHORT_MAX else CUDA_ROWS_LONG)
+    rows = INTERP_ROWS if interp else (CUDA_ROWS if nchr <= ROWS_SHORT_MAX else g)
     waves = 1 if interp else (CUDA_WAVES if nchr <= ROWS_SHORT_MAX else CUDA_WAVES_LONG)
     return bk, max(1, rows // g), g, waves, NUM_WARPS
 

@@ -32,9 +32,12 @@ from torch import nn
 from sixbit.attention import FusedQKNormRopeProcessor
 from sixbit.linear import SixBitLinear, ops
 
-__all__ = ["FUSED_HOOK", "FusedProducersHook", "applies", "common_form"]
+__all__ = ["FUSED_HOOK", "MAX_DIM", "FusedProducersHook", "applies", "common_form"]
 
 FUSED_HOOK = "sixbit_fused_producers"
+#: widest model dim fused: the kernel's short-row tile (≤ 32 chunks of 64), the one measured on the H200
+#: (2B's 1920); wider models (5B's 3072: a one-token tile, unmeasured) run the block's own forward
+MAX_DIM = 2048
 
 
 def applies(block: nn.Module) -> bool:
@@ -73,7 +76,7 @@ class FusedProducersHook(ModelHook):
 
     def _operand(self, norm, temb, hs, enc, form):
         """The fused producer's ``QuantizedInput`` of ``[text; video]`` and the two gates, or ``None``."""
-        if form is None or not ops().producers_supported(hs, self.backend):
+        if form is None or hs.shape[-1] > MAX_DIM or not ops().producers_supported(hs, self.backend):
             return None
         shift, scale, gate, enc_shift, enc_scale, enc_gate = norm.linear(norm.silu(temb)).chunk(6, dim=1)
         ln = norm.norm
