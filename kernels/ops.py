@@ -32,6 +32,13 @@ Contract (the engine, ``sixbit/linear.py``, codes against this):
 ``quantize_act(x2d, fmt, hadamard_block, k_sigma=None, backend="auto") -> (NVFP4Tensor | Int8Tensor, count)``
     The fused Hadamard + quantize (+ outlier count) on its own; ``fmt`` is ``"nvfp4"`` or ``"int8"``.
 
+Pre-quantized inputs (quantize fused into the producer; ``sixbit/fused.py``): ``linear`` also takes a
+:class:`QuantizedInput` for ``x`` — the INT8 operand a producer kernel emitted (``norm_modulate_int8``:
+CogVideoX's norm + modulate; ``gelu_int8``) — and runs the GEMM alone; ``operand_form(packed, route)`` says
+which operand a route reads (``"int8"``, ``"int8-dense"`` or ``None``), ``producers_supported(x, backend)``
+whether the producer kernels run for such activations. Numerics: ``formats.norm_modulate_int8`` /
+``formats.gelu_int8``, then the route's GEMM.
+
 The engine's bookkeeping (same ``backend`` rule; the torch reference elsewhere):
 ``block_stats(outs, ins, olds=None, *, write=True)`` (where ``block_stats_supported``) — per stream ``Δ = out − in`` and the sums Γ and TDC
 need, one pass each (``block_stats.py``); ``outlier_count(x, k_sigma)`` — ``formats.outlier_count`` in
