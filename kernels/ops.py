@@ -542,11 +542,11 @@ def _impl_name(target: targets.Target) -> str:
     return selfcheck.HOPPER_TRITON if target.variant == targets.HOPPER else selfcheck.PORTABLE_TRITON
 
 
-def _route_impl(x2: torch.Tensor | QuantizedInput, packed: PackedLinear, route: str, k_sigma) -> str:
+def _route_impl(x2, packed: PackedLinear, route: str, k_sigma) -> str:
     """The self-checked implementation of ``route`` on ``x2``'s device for ``x2``'s size class (the check
     runs on the first call: the layer's own weights, a random input of its width, ``selfcheck.BOUND``)."""
     dev = x2.device
-    rows = x2.shape[0] if isinstance(x2, torch.Tensor) else x2.rows
+    rows = x2.shape[0] if isinstance(x2, torch.Tensor) else x2.rows  # a tensor, QuantizedInput or _Rows
     large = rows >= DECODE_ONCE_MIN_M
     key = (route, "large" if large else "small")
     impl = selfcheck.cached(dev, key)
@@ -632,13 +632,29 @@ class QuantizedInput:
         return torch.Size((*self.lead, self.act.data.shape[1]))
 
 
-def operand_form(packed: PackedLinear, route: str, options: KernelOptions | None = None) -> str | None:
+def operand_form(packed: PackedLinear, route: str, options: KernelOptions | None = None, *,
+                 like: torch.Tensor | None = None, rows: int = 0, backend: str = "auto") -> str | None:
     """The pre-quantized operand ``route`` reads on this layer (``"int8"`` / ``"int8-dense"``, a
     :class:`QuantizedInput`'s ``form``), or ``None`` where its activations are not per-token INT8 (NVFP4,
-    W4A16) or its weight format is missing — what a producer asks before emitting INT8 for it."""
+    W4A16) or its weight format is missing — what a producer asks before emitting INT8 for it. With
+    ``like`` (an activation of the producer's device and dtype) and ``rows`` under ``backend="auto"``, also
+    ``None`` where the route's self-check sent it to the torch reference (a broken kernel then runs exactly
+    the reference path, producer included)."""
     if route not in ("int8", "w8a8") or WEIGHT_FORMAT[route] not in packed.formats:
         return None
+    if like is not None and _resolve(backend, like) == "checked":
+        if _route_impl(_Rows(like.device, rows, like.dtype), packed, route, None) == selfcheck.TORCH:
+            return None
     return _act_form(route, (options or DEFAULT_OPTIONS).dense_activations)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What :func:`_route_impl` reads of an activation: device, row count, dtype."""
+
+    device: torch.device
+    rows: int
+    dtype: torch.dtype
 
 
 def _linear_prequantized(x: QuantizedInput, packed: PackedLinear, route: str, k_sigma, backend: str,

@@ -20,7 +20,8 @@ per computed step. The GELU → INT8 kernel (``kernels/gelu_quant.py``) measured
 engine's block hook (before it), so it runs after the routes are set; its forward is
 ``CogVideoXBlock.forward`` (diffusers 0.42) with the producers swapped where they apply. The attention after
 the projections is the fused processor's (``FusedQKNormRopeProcessor.attend_projected``): norm1 is fused
-only where that processor takes the call.
+only where that processor takes the call. Where the self-check sent a consumer's route to the torch
+reference, nothing is fused for it (a broken GEMM then runs exactly the reference path).
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ def applies(block: nn.Module) -> bool:
             and type(block.norm1).__name__ == type(block.norm2).__name__ == "CogVideoXLayerNormZero")
 
 
-def common_form(layers) -> tuple[str, int | None] | None:
-    """(operand form, Hadamard block) every layer of ``layers`` reads this step, or ``None`` when one is not
-    a ``SixBitLinear`` on an INT8-activation route or they differ."""
+def common_form(layers, like: torch.Tensor, rows: int) -> tuple[str, int | None] | None:
+    """(operand form, Hadamard block) every layer of ``layers`` reads this step for a ``rows``-row input
+    like ``like``, or ``None`` when one is not a ``SixBitLinear`` on an INT8-activation route or they differ."""
     forms = set()
     for m in layers:
         if not isinstance(m, SixBitLinear):
             return None
-        f = m.operand_form()
+        f = m.operand_form(like, rows)
         if f is None:
             return None
         forms.add((f, m.packed.hadamard_block))
@@ -90,11 +91,12 @@ class FusedProducersHook(ModelHook):
             return self.fn_ref.original_forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                                 attention_kwargs)
         text_len = encoder_hidden_states.size(1)
+        rows = hidden_states.shape[0] * (hidden_states.shape[1] + text_len)
         attn = block.attn1
         proc = attn.processor
         fast = isinstance(proc, FusedQKNormRopeProcessor) and proc._fast(attn, hidden_states, None, image_rotary_emb)
         op = self._operand(block.norm1, temb, hidden_states, encoder_hidden_states,
-                           common_form((attn.to_q, attn.to_k, attn.to_v)) if fast else None)
+                           common_form((attn.to_q, attn.to_k, attn.to_v), hidden_states, rows) if fast else None)
         if op is not None:
             q, gate_msa, enc_gate_msa = op
             attn_hs, attn_enc = proc.attend_projected(attn, attn.to_q(q), attn.to_k(q), attn.to_v(q), text_len,
@@ -108,7 +110,7 @@ class FusedProducersHook(ModelHook):
         encoder_hidden_states = encoder_hidden_states + enc_gate_msa * attn_enc
 
         op = self._operand(block.norm2, temb, hidden_states, encoder_hidden_states,
-                           common_form((block.ff.net[0].proj,)))
+                           common_form((block.ff.net[0].proj,), hidden_states, rows))
         if op is not None:
             ff_in, gate_ff, enc_gate_ff = op
         else:

@@ -122,14 +122,15 @@ class SixBitLinear(nn.Module):
         """The route this layer runs for a decided ``route`` (``sixbit.routes.resolve``)."""
         return routes.resolve(route, has_fp_weights=self.has_fp_weights, int8_route=self.int8_route)
 
-    def operand_form(self) -> str | None:
-        """The pre-quantized operand (``ops.QuantizedInput.form``) this layer's current route reads — what
-        a fused producer asks before emitting INT8 for it (read after the engine set ``route``) — or
-        ``None`` where it must get the 16-bit activation: a non-INT8 route, the torch backend, an outlier
-        count to take (``k_sigma``) or an observer to feed."""
+    def operand_form(self, like: torch.Tensor, rows: int) -> str | None:
+        """The pre-quantized operand (``ops.QuantizedInput.form``) this layer's current route reads for a
+        ``rows``-row input like ``like`` — what a fused producer asks before emitting INT8 for it (after the
+        engine set ``route``) — or ``None`` where it must get the 16-bit activation: a non-INT8 route, the
+        torch backend or a route the self-check sent to it, an outlier count to take (``k_sigma``) or an
+        observer to feed."""
         if self.backend == "torch" or self.k_sigma is not None or self.observer is not None:
             return None
-        return ops().operand_form(self.packed, self.resolve(self.route))
+        return ops().operand_form(self.packed, self.resolve(self.route), like=like, rows=rows, backend=self.backend)
 
     def forward(self, x) -> torch.Tensor:
         """``x``: the activation, or an ``ops.QuantizedInput`` a fused producer emitted for this route."""
