@@ -4,7 +4,8 @@
 ``TRITON_INTERPRET``; no GPU needed). For each target capability it drives the real wrappers —
 ``ops.linear`` on every route at the CogVideoX-2B/5B and Wan-1.3B linear shapes (large M: decode-once
 GEMMs; small M: modulation / text-encoder rows, per-tile decode), PDR's outlier count, the block
-bookkeeping, the q/k norm (+ rotary) and the self-check's problems — with CPU tensors and that target's
+bookkeeping, the q/k norm (+ rotary), the fused producers (norm → INT8, GELU → INT8) and the self-check's
+problems — with CPU tensors and that target's
 dispatch (``targets.target_for``), records each ``kernel[grid](...)`` instead of launching it, and
 compiles every distinct launch (signature, constexprs, alignment attributes, num_warps/num_stages) with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. On capability 9.0 both variants
@@ -70,6 +71,15 @@ def drive(sk, target) -> None:
     cs = torch.empty(17550, 64)
     sk.layernorm.layer_norm_rows(q, w, w, 1e-6)
     sk.layernorm.layer_norm_rows(q, w, w, 1e-6, rope=(cs, cs, 226))
+    for d in (1920, 3072):  # fused producers: norm + modulate → the [text; video] INT8 operand (and fp16 codes)
+        mod = torch.empty(2, d, dtype=torch.bfloat16)
+        parts = [(torch.empty(2, 226, d, dtype=torch.bfloat16), mod, mod),
+                 (torch.empty(2, 17550, d, dtype=torch.bfloat16), mod, mod)]
+        wd = torch.empty(d, dtype=torch.bfloat16)
+        for dense in (False, True):
+            sk.norm_quant.norm_modulate(parts, wd, wd, 1e-5, HB, dense=dense)
+        sk.norm_quant.norm_modulate(parts, wd, wd, 1e-5, HB, codes=False, norm=True)
+    sk.gelu_quant.gelu_int8(torch.empty(M_LARGE, 7680, dtype=torch.bfloat16), HB)  # GELU → INT8 (2B ff-out)
 
 
 def record(sk, target) -> list[tuple]:
@@ -82,7 +92,7 @@ def record(sk, target) -> list[tuple]:
     def fake_run(self, *args, grid, warmup, **kwargs):
         seen.setdefault((self.fn.__qualname__, repr(_spec_key(args, kwargs))), (self, args, kwargs))
 
-    mods = [sk.gemm_w8a8, sk.gemm_w4, sk.hadamard_quant, sk.block_stats, sk.layernorm]
+    mods = [sk.gemm_w8a8, sk.gemm_w4, sk.hadamard_quant, sk.block_stats, sk.layernorm, sk.norm_quant, sk.gelu_quant]
     saved = [m.check_launchable for m in mods]
     JITFunction.run = fake_run
     for m in mods:

@@ -32,6 +32,13 @@ Contract (the engine, ``sixbit/linear.py``, codes against this):
 ``quantize_act(x2d, fmt, hadamard_block, k_sigma=None, backend="auto") -> (NVFP4Tensor | Int8Tensor, count)``
     The fused Hadamard + quantize (+ outlier count) on its own; ``fmt`` is ``"nvfp4"`` or ``"int8"``.
 
+Pre-quantized inputs (quantize fused into the producer; ``sixbit/fused.py``): ``linear`` also takes a
+:class:`QuantizedInput` for ``x`` — the INT8 operand a producer kernel emitted (``norm_modulate_int8``:
+CogVideoX's norm + modulate; ``gelu_int8``) — and runs the GEMM alone; ``operand_form(packed, route)`` says
+which operand a route reads (``"int8"``, ``"int8-dense"`` or ``None``), ``producers_supported(x, backend)``
+whether the producer kernels run for such activations. Numerics: ``formats.norm_modulate_int8`` /
+``formats.gelu_int8``, then the route's GEMM.
+
 The engine's bookkeeping (same ``backend`` rule; the torch reference elsewhere):
 ``block_stats(outs, ins, olds=None, *, write=True)`` (where ``block_stats_supported``) — per stream ``Δ = out − in`` and the sums Γ and TDC
 need, one pass each (``block_stats.py``); ``outlier_count(x, k_sigma)`` — ``formats.outlier_count`` in
@@ -69,12 +76,14 @@ from . import blackwell, selfcheck, targets
 try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" works
     from .block_stats import delta_stats as _delta_stats_kernel
     from .block_stats import supported as _delta_stats_supported
+    from .gelu_quant import gelu_int8 as _gelu_int8_kernel
     from .gemm_w4 import DECODE_ONCE_MIN_M, DenseAct, gemm_w4
     from .gemm_w8a8 import gemm_w8a8
     from .hadamard_quant import outlier_count as _outlier_count_kernel
     from .hadamard_quant import quantize_int8_act, quantize_nvfp4_act, rotate_split, scale16_act
     from .layernorm import layer_norm_rows
     from .layernorm import supported as layer_norm_shape_ok
+    from .norm_quant import norm_modulate as _norm_modulate_kernel
 
     HAVE_TRITON = True
 except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
@@ -101,6 +110,11 @@ __all__ = [
     "WEIGHT_FORMAT",
     "KernelOptions",
     "self_check_status",
+    "QuantizedInput",
+    "operand_form",
+    "producers_supported",
+    "norm_modulate_int8",
+    "gelu_int8",
 ]
 
 #: routes ``linear`` serves (``WEIGHT_FORMAT``: the weight format each needs), from ``sixbit.routes``
@@ -528,17 +542,18 @@ def _impl_name(target: targets.Target) -> str:
     return selfcheck.HOPPER_TRITON if target.variant == targets.HOPPER else selfcheck.PORTABLE_TRITON
 
 
-def _route_impl(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma) -> str:
+def _route_impl(x2, packed: PackedLinear, route: str, k_sigma) -> str:
     """The self-checked implementation of ``route`` on ``x2``'s device for ``x2``'s size class (the check
     runs on the first call: the layer's own weights, a random input of its width, ``selfcheck.BOUND``)."""
     dev = x2.device
-    large = x2.shape[0] >= DECODE_ONCE_MIN_M
+    rows = x2.shape[0] if isinstance(x2, torch.Tensor) else x2.rows  # a tensor, QuantizedInput or _Rows
+    large = rows >= DECODE_ONCE_MIN_M
     key = (route, "large" if large else "small")
     impl = selfcheck.cached(dev, key)
     if impl is not None:
         return impl
     tgt = _kernel_target(dev)
-    m = DECODE_ONCE_MIN_M + x2.shape[0] % 16 if large else x2.shape[0]
+    m = DECODE_ONCE_MIN_M + rows % 16 if large else rows
     xs = _check_input(m, packed.in_features, x2.dtype, dev)
     cands = [(n, partial(_linear_triton, xs, packed, route, k_sigma, n, _variant_target(tgt, n), DEFAULT_OPTIONS))
              for n in selfcheck.ladder(route, tgt, _native_fp4(dev))]
@@ -549,7 +564,10 @@ def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float 
            backend: str = "auto", cache: ActCache | None = None, options: KernelOptions | None = None):
     """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract.
     ``cache``: an :class:`ActCache` shared by linears that may read the same ``x`` (quantize once).
-    ``options``: explicit kernel switches (:class:`KernelOptions`)."""
+    ``options``: explicit kernel switches (:class:`KernelOptions`). ``x`` may be a
+    :class:`QuantizedInput` (its producer already quantized it): then the GEMM alone runs."""
+    if isinstance(x, QuantizedInput):
+        return _linear_prequantized(x, packed, route, k_sigma, backend, options or DEFAULT_OPTIONS)
     if route not in LINEAR_ROUTES:
         raise ValueError(f"route must be one of {LINEAR_ROUTES}, got {route!r}"
                          + (" (the fp16 route uses the original layer, which PackedLinear does not hold)"
@@ -579,3 +597,156 @@ def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float 
     else:
         y, count = _linear_triton(x2, packed, route, k_sigma, impl, tgt, opts, cache, x)
     return y.reshape(*lead, packed.out_features), count
+
+
+# ---------------------------------------------------------------------- pre-quantized inputs (producers)
+
+
+@dataclass(frozen=True)
+class QuantizedInput:
+    """An activation its producer already quantized (``norm_quant``, ``gelu_quant``): the per-token INT8 of
+    ``block_hadamard(x, hadamard_block)`` — exactly the operand :func:`linear`'s INT8 routes would build
+    from ``x`` — for a tensor ``x`` of shape ``[*lead, K]`` and dtype ``dtype`` that was never written.
+    ``act.data`` holds int8 codes (``form`` ``"int8"``: W8A8, or W4A8 without dense activations) or the
+    same integers as fp16 (``"int8-dense"``: W4A8's Hopper operand)."""
+
+    act: spec.Int8Tensor
+    hadamard_block: int | None
+    lead: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def form(self) -> str:
+        return "int8-dense" if self.act.data.dtype == torch.float16 else "int8"
+
+    @property
+    def device(self) -> torch.device:
+        return self.act.data.device
+
+    @property
+    def rows(self) -> int:
+        return self.act.data.shape[0]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.lead, self.act.data.shape[1]))
+
+
+def operand_form(packed: PackedLinear, route: str, options: KernelOptions | None = None, *,
+                 like: torch.Tensor | None = None, rows: int = 0, backend: str = "auto") -> str | None:
+    """The pre-quantized operand ``route`` reads on this layer (``"int8"`` / ``"int8-dense"``, a
+    :class:`QuantizedInput`'s ``form``), or ``None`` where its activations are not per-token INT8 (NVFP4,
+    W4A16) or its weight format is missing — what a producer asks before emitting INT8 for it. With
+    ``like`` (an activation of the producer's device and dtype) and ``rows`` under ``backend="auto"``, also
+    ``None`` where the route's self-check sent it to the torch reference (a broken kernel then runs exactly
+    the reference path, producer included)."""
+    if route not in ("int8", "w8a8") or WEIGHT_FORMAT[route] not in packed.formats:
+        return None
+    if like is not None and _resolve(backend, like) == "checked":
+        if _route_impl(_Rows(like.device, rows, like.dtype), packed, route, None) == selfcheck.TORCH:
+            return None
+    return _act_form(route, (options or DEFAULT_OPTIONS).dense_activations)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """What :func:`_route_impl` reads of an activation: device, row count, dtype."""
+
+    device: torch.device
+    rows: int
+    dtype: torch.dtype
+
+
+def _linear_prequantized(x: QuantizedInput, packed: PackedLinear, route: str, k_sigma, backend: str,
+                         opts: KernelOptions):
+    need = operand_form(packed, route, opts)
+    if need is None or need != x.form:
+        raise ValueError(f"route {route!r} on this layer reads {need or 'no pre-quantized'} operand; the producer "
+                         f"emitted {x.form!r} (it must read the consumer's route first)")
+    if x.hadamard_block != packed.hadamard_block or x.shape[-1] != packed.in_features:
+        raise ValueError(f"pre-quantized input: Hadamard block {x.hadamard_block} and K={x.shape[-1]}, the layer "
+                         f"has {packed.hadamard_block} and K={packed.in_features}")
+    if k_sigma is not None:
+        raise ValueError("a pre-quantized input carries no outlier count: k_sigma must be None")
+    w = packed.weight(WEIGHT_FORMAT[route])
+    be = _resolve(backend, x.act.data)
+    tgt = opts.target
+    if be == "checked":
+        impl = _route_impl(x, packed, route, None)
+        be = "torch" if impl == selfcheck.TORCH else "triton"
+        tgt = tgt or _variant_target(_kernel_target(x.device), impl)
+    if be == "torch":
+        xq = x.act.data.float() * x.act.scale.float()
+        y = xq @ _dense_weight(packed, WEIGHT_FORMAT[route]).T
+        y = (y + packed.bias.float() if packed.bias is not None else y).to(x.dtype)
+    elif route == "w8a8":
+        y = gemm_w8a8(x.act, w, packed.bias, x.dtype, target=tgt)
+    else:
+        a = DenseAct(x.act.data, "int8", row_scale=x.act.scale) if x.form == "int8-dense" else x.act
+        y = gemm_w4(a, w, packed.bias, x.dtype, target=tgt)
+    return y.reshape(*x.lead, packed.out_features), None
+
+
+def producers_supported(x: torch.Tensor, backend: str = "auto") -> bool:
+    """Whether the fused producers (:func:`norm_modulate_int8`, :func:`gelu_int8`) run for activations like
+    ``x``: the Triton backend (forced, or ``auto`` on a kernel device) and a 16-bit dtype on CUDA (fp32
+    also in the interpreter). Elsewhere the model's own ops and :func:`linear`'s quantize run."""
+    if not HAVE_TRITON or _resolve(backend, x) == "torch":
+        return False
+    return x.dtype in (torch.bfloat16, torch.float16) or (x.dtype == torch.float32 and not x.is_cuda)
+
+
+def _producer_ok(key: tuple, dev: torch.device, problem, backend: str) -> bool:
+    """``backend="triton"``: yes; ``auto``: the producer kernel's self-check on ``dev`` (``problem()`` →
+    (kernel run, reference), built only on the first call per key)."""
+    if backend == "triton":
+        return True
+    impl = selfcheck.cached(dev, key)
+    if impl is None:
+        run, ref = problem()
+        impl = selfcheck.choose(dev, key, [(selfcheck.TRITON, run), (selfcheck.TORCH, None)], ref)
+    return impl == selfcheck.TRITON
+
+
+def norm_modulate_int8(parts, weight, bias, eps: float, hadamard_block: int | None, *, dense: bool = False,
+                       backend: str = "auto") -> QuantizedInput | None:
+    """CogVideoX's norm + modulate of the streams ``parts`` (``[(x, 1 + scale, shift), ...]``, concatenated
+    in that order) as the :class:`QuantizedInput` of the linears it feeds (``norm_quant.norm_modulate``;
+    reference ``formats.norm_modulate_int8``), or ``None`` where the kernel does not serve (check
+    :func:`producers_supported`; under ``auto`` the kernel is self-checked once per device, K and dtype)."""
+    x0 = parts[0][0]
+    k, dev, dt = x0.shape[-1], x0.device, x0.dtype
+
+    def problem():
+        g = torch.Generator(device=dev).manual_seed(2)
+        probe = [tuple(torch.randn(*shape, generator=g, device=dev).to(dt) for shape in ((2, n, k), (2, k), (2, k)))
+                 for n in (3, 17)]
+        return (lambda: _deq(_norm_modulate_kernel(probe, weight, bias, eps, hadamard_block)[0]),
+                lambda: _deq(spec.norm_modulate_int8(probe, weight, bias, eps, hadamard_block)))
+
+    if not _producer_ok(("norm_modulate_int8", k, dt, hadamard_block), dev, problem, backend):
+        return None
+    q, _ = _norm_modulate_kernel(parts, weight, bias, eps, hadamard_block, dense=dense)
+    return QuantizedInput(q, hadamard_block, (x0.shape[0], sum(p[0].shape[1] for p in parts)), dt)
+
+
+def gelu_int8(x: torch.Tensor, hadamard_block: int | None, *, dense: bool = False,
+              backend: str = "auto") -> QuantizedInput | None:
+    """``gelu(x, approximate="tanh")`` as the :class:`QuantizedInput` of the linear it feeds
+    (``gelu_quant.gelu_int8``; reference ``formats.gelu_int8``), or ``None`` where the kernel does not serve.
+    Not wired into the engine: slower than GELU + quantize on the H200 (docs/KERNELS.md)."""
+    k = x.shape[-1]
+
+    def problem():
+        probe = _check_input(19, k, x.dtype, x.device)
+        return (lambda: _deq(_gelu_int8_kernel(probe, hadamard_block)),
+                lambda: _deq(spec.gelu_int8(probe, hadamard_block)))
+
+    if not _producer_ok(("gelu_int8", k, x.dtype, hadamard_block), x.device, problem, backend):
+        return None
+    return QuantizedInput(_gelu_int8_kernel(x, hadamard_block, dense=dense), hadamard_block, tuple(x.shape[:-1]),
+                          x.dtype)
+
+
+def _deq(q: spec.Int8Tensor) -> torch.Tensor:
+    return q.data.float() * q.scale.float()

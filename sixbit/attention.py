@@ -129,10 +129,16 @@ class FusedQKNormRopeProcessor:
                                  image_rotary_emb=image_rotary_emb)
         text_len = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
-        batch, seq, _ = hidden_states.shape
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(hidden_states)
-        value = attn.to_v(hidden_states)
+        return self.attend_projected(attn, attn.to_q(hidden_states), attn.to_k(hidden_states),
+                                     attn.to_v(hidden_states), text_len, image_rotary_emb)
+
+    def attend_projected(self, attn, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
+                         image_rotary_emb=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention after the q/k/v projections of ``[text; video]`` (``[B, S, H·D]`` each): what
+        ``__call__`` does once the projections ran — also the entry of ``sixbit.fused``, whose producer
+        hands to_q/to_k/to_v a pre-quantized input (call it only where ``_fast`` is true)."""
+        self.last_attention_route = None
+        batch, seq, _ = query.shape
         head_dim = key.shape[-1] // attn.heads
         if image_rotary_emb is not None and tuple(image_rotary_emb[0].shape) != (seq - text_len, head_dim):
             raise ValueError(f"rotary tables of shape {tuple(image_rotary_emb[0].shape)} do not match "

@@ -33,7 +33,7 @@ import torch
 from diffusers.hooks.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from sixbit import attention, pdr
+from sixbit import attention, fused, pdr
 from sixbit.adapters import Adapter, get_adapter
 from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
 from sixbit.hooks import BLOCK_HOOK, DENOISER_HOOK, BlockHook, DenoiserHook, Method, Run
@@ -185,7 +185,12 @@ class SixBitHandle:
         self._had_forward_attr: dict[int, bool] = {}
         self._hooked: list[nn.Module] = []
         self._register(transformer, self.denoiser_hook, DENOISER_HOOK)
+        # engineering: the norms emit the INT8 operand of INT8-route consumers (inside the block hook, which
+        # sets the routes first; sixbit/fused.py)
+        fuse = cfg.quantized and cfg.fused_producers and adapter.family == "cogvideox"
         for hook, (_, block) in zip(self.block_hooks, blocks):
+            if fuse and fused.applies(block):
+                self._register(block, fused.FusedProducersHook(cfg.backend), fused.FUSED_HOOK)
             self._register(block, hook, BLOCK_HOOK)
         # engineering, not the method: q/k LayerNorm + rotary embedding in one kernel (CogVideoX, CUDA)
         self._attn_processors = attention.install(blocks, ops(), cfg.backend) if cfg.fast_qk_norm else []
@@ -195,7 +200,7 @@ class SixBitHandle:
     def _register(self, module: nn.Module, hook: ModelHook, name: str) -> None:
         if not hasattr(module, "_diffusers_hook"):
             self._created_registries.append(module)
-        self._had_forward_attr[id(module)] = "forward" in module.__dict__
+        self._had_forward_attr.setdefault(id(module), "forward" in module.__dict__)  # before the first hook
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
         self._hooked.append(module)
 
@@ -271,7 +276,7 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (DENOISER_HOOK, BLOCK_HOOK):
+            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK):  # outer hooks first
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)

@@ -575,3 +575,44 @@ __all__ += [
     "attention_quantize_kv",
     "attention_fp8_reference",
 ]
+
+
+# ================================================================================================
+# Fused producers (kernels/norm_quant.py, kernels/gelu_quant.py): what they compute, in plain torch
+# ================================================================================================
+#
+# Each is "the 16-bit output the model computes, then the INT8 route's activation quantization":
+# ``quantize_int8(block_hadamard(y, b), check_finite=False)`` of that output ``y`` — the operand the W8A8 /
+# W4A8 GEMM consumes. The kernels never write ``y``; they agree with these functions up to the documented
+# one-ulp differences of ``y`` (summation order of the LayerNorm statistics, the GELU's tanh) and the
+# fused rotation's rare one-step code flips (see kernels/hadamard_quant.py).
+
+
+def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """diffusers' ``CogVideoXLayerNormZero`` output of each part ``(x [B, S_i, K], one_plus [B, K],
+    shift [B, K])`` — ``LayerNorm(x) · one_plus + shift`` in the model dtype — concatenated along the
+    sequence in the order given (``[text; video]``: what to_q/to_k/to_v and ff.net.0.proj read)."""
+    outs = [torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps) * op[:, None, :] + sh[:, None, :]
+            for x, op, sh in parts]
+    return torch.cat(outs, dim=1)
+
+
+def _int8_operand(y: torch.Tensor, hadamard_block: int | None) -> Int8Tensor:
+    y2 = y.reshape(-1, y.shape[-1])
+    q = quantize_int8(block_hadamard(y2, hadamard_block) if hadamard_block else y2.float(), check_finite=False)
+    q.orig_dtype = y.dtype
+    return q
+
+
+def norm_modulate_int8(parts, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+                       hadamard_block: int | None) -> Int8Tensor:
+    """Per-token INT8 (rows ``[B·ΣS_i, K]``) of the rotated :func:`norm_modulate` output."""
+    return _int8_operand(norm_modulate(parts, weight, bias, eps), hadamard_block)
+
+
+def gelu_int8(x: torch.Tensor, hadamard_block: int | None) -> Int8Tensor:
+    """Per-token INT8 (rows ``[M, K]``) of the rotated ``gelu(x, approximate="tanh")`` (model dtype)."""
+    return _int8_operand(torch.nn.functional.gelu(x, approximate="tanh"), hadamard_block)
+
+
+__all__ += ["norm_modulate", "norm_modulate_int8", "gelu_int8"]

@@ -13,6 +13,10 @@ The route of every call is chosen from outside: the engine sets ``module.route``
 * ``"int8"``  → ``"w8a8"`` when the packed weights hold an INT8 copy and the config asks for it;
 * everything else goes to ``sixbit_kernels.ops.linear(x, packed, route)``.
 
+A fused producer (``sixbit.fused``) may hand the layer an ``ops.QuantizedInput`` instead of ``x``: the
+INT8 operand of its current route, already quantized (:meth:`SixBitLinear.operand_form` says which form the
+route reads); the layer then runs the GEMM alone.
+
 The numerics of every route are those of ``sixbit.formats.reference_linear``; the kernels implement them
 (Triton on the GPU, the torch reference on the CPU); this module holds no numerics of its own.
 """
@@ -118,9 +122,23 @@ class SixBitLinear(nn.Module):
         """The route this layer runs for a decided ``route`` (``sixbit.routes.resolve``)."""
         return routes.resolve(route, has_fp_weights=self.has_fp_weights, int8_route=self.int8_route)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def operand_form(self, like: torch.Tensor, rows: int) -> str | None:
+        """The pre-quantized operand (``ops.QuantizedInput.form``) this layer's current route reads for a
+        ``rows``-row input like ``like`` — what a fused producer asks before emitting INT8 for it (after the
+        engine set ``route``) — or ``None`` where it must get the 16-bit activation: a non-INT8 route, the
+        torch backend or a route the self-check sent to it, an outlier count to take (``k_sigma``) or an
+        observer to feed."""
+        if self.backend == "torch" or self.k_sigma is not None or self.observer is not None:
+            return None
+        return ops().operand_form(self.packed, self.resolve(self.route), like=like, rows=rows, backend=self.backend)
+
+    def forward(self, x) -> torch.Tensor:
+        """``x``: the activation, or an ``ops.QuantizedInput`` a fused producer emitted for this route."""
         route = self.resolve(self.route)
         self.last_route = route
+        if isinstance(x, ops().QuantizedInput):
+            self.last_outliers = None
+            return ops().linear(x, self.packed, route, backend=self.backend)[0]
         if route == routes.FP16:
             # "device": .to() is a no-op; "stream": this layer's original weights are copied for this call
             # (from pinned memory: asynchronous on CUDA)

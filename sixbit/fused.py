@@ -1,0 +1,129 @@
+"""Quantize fused into its producer: CogVideoX's norm + modulate emits the INT8 operand of the linears it feeds.
+
+Engineering, not the method (config ``fused_producers``, default on; the Triton backend only). In a
+CogVideoX block, ``norm1`` (``CogVideoXLayerNormZero``: LayerNorm, ``· (1 + scale)``, ``+ shift``, for the
+video and the text stream) feeds only to_q/to_k/to_v — through the attention processor's ``torch.cat([text;
+video])`` — and ``norm2`` feeds only ff.net.0.proj, through the same concatenation. When every one of
+those consumers runs an INT8-activation route this step (``w8a8``, or W4A8's ``int8``; read from each
+``SixBitLinear`` after the engine's block hook set the routes — :meth:`SixBitLinear.operand_form`), the
+16-bit norm output is never needed: ``ops.norm_modulate_int8`` (``kernels/norm_quant.py``) reads each
+stream once and writes the per-token INT8 codes of the rotated ``[text; video]`` rows, and the linears take
+that ``ops.QuantizedInput`` instead of a tensor (their GEMM alone runs). Any other route, an outlier count
+to take, an observer, the torch backend or the CPU: the block's own forward runs, unchanged.
+
+Measured on the H200 at 2B shapes (``benchmarks/results/fused_quant_h200.md``): diffusers' norm + modulate
++ concatenation + sixbit's INT8 quantize 0.662 ms per call, fused 0.352 ms — two calls per block, ~18.6 ms
+per computed step. The GELU → INT8 kernel (``kernels/gelu_quant.py``) measured slower than GELU + quantize
+(1.05 vs 0.55 ms) and is not wired (docs/KERNELS.md).
+
+:class:`FusedProducersHook` is a ``diffusers.hooks.ModelHook`` on each block, registered *inside* the
+engine's block hook (before it), so it runs after the routes are set; its forward is
+``CogVideoXBlock.forward`` (diffusers 0.42) with the producers swapped where they apply. The attention after
+the projections is the fused processor's (``FusedQKNormRopeProcessor.attend_projected``): norm1 is fused
+only where that processor takes the call. Where the self-check sent a consumer's route to the torch
+reference, nothing is fused for it (a broken GEMM then runs exactly the reference path).
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.hooks.hooks import ModelHook
+from torch import nn
+
+from sixbit.attention import FusedQKNormRopeProcessor
+from sixbit.linear import SixBitLinear, ops
+
+__all__ = ["FUSED_HOOK", "MAX_DIM", "FusedProducersHook", "applies", "common_form"]
+
+FUSED_HOOK = "sixbit_fused_producers"
+#: widest model dim fused: the kernel's short-row tile (≤ 32 chunks of 64), the one measured on the H200
+#: (2B's 1920); wider models (5B's 3072: a one-token tile, unmeasured) run the block's own forward
+MAX_DIM = 2048
+
+
+def applies(block: nn.Module) -> bool:
+    """A block of the shape the fused forward reproduces: diffusers' ``CogVideoXBlock`` with its two
+    ``CogVideoXLayerNormZero`` norms and a FeedForward whose first module is a GELU projection."""
+    if type(block).__name__ != "CogVideoXBlock":
+        return False
+    net = getattr(getattr(block, "ff", None), "net", None)
+    return (net is not None and type(net[0]).__name__ == "GELU" and hasattr(net[0], "proj")
+            and type(block.norm1).__name__ == type(block.norm2).__name__ == "CogVideoXLayerNormZero")
+
+
+def common_form(layers, like: torch.Tensor, rows: int) -> tuple[str, int | None] | None:
+    """(operand form, Hadamard block) every layer of ``layers`` reads this step for a ``rows``-row input
+    like ``like``, or ``None`` when one is not a ``SixBitLinear`` on an INT8-activation route or they differ."""
+    forms = set()
+    for m in layers:
+        if not isinstance(m, SixBitLinear):
+            return None
+        f = m.operand_form(like, rows)
+        if f is None:
+            return None
+        forms.add((f, m.packed.hadamard_block))
+    return forms.pop() if len(forms) == 1 else None
+
+
+class FusedProducersHook(ModelHook):
+    """On one CogVideoX block: the norm producers emit INT8 where the consumers' routes read it."""
+
+    def __init__(self, backend: str):
+        super().__init__()
+        self.backend = backend
+        #: how many producer calls were fused / ran unfused (for tests and the curious)
+        self.fused = 0
+        self.unfused = 0
+
+    def _operand(self, norm, temb, hs, enc, form):
+        """The fused producer's ``QuantizedInput`` of ``[text; video]`` and the two gates, or ``None``."""
+        if form is None or hs.shape[-1] > MAX_DIM or not ops().producers_supported(hs, self.backend):
+            return None
+        shift, scale, gate, enc_shift, enc_scale, enc_gate = norm.linear(norm.silu(temb)).chunk(6, dim=1)
+        ln = norm.norm
+        q = ops().norm_modulate_int8([(enc, 1 + enc_scale, enc_shift), (hs, 1 + scale, shift)], ln.weight, ln.bias,
+                                     ln.eps, form[1], dense=form[0] == "int8-dense", backend=self.backend)
+        return None if q is None else (q, gate[:, None, :], enc_gate[:, None, :])
+
+    def new_forward(self, block, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                    attention_kwargs=None):
+        if attention_kwargs:  # nothing CogVideoX's pipelines pass; the original handles it
+            return self.fn_ref.original_forward(hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                                attention_kwargs)
+        text_len = encoder_hidden_states.size(1)
+        rows = hidden_states.shape[0] * (hidden_states.shape[1] + text_len)
+        attn = block.attn1
+        proc = attn.processor
+        fast = isinstance(proc, FusedQKNormRopeProcessor) and proc._fast(attn, hidden_states, None, image_rotary_emb)
+        op = self._operand(block.norm1, temb, hidden_states, encoder_hidden_states,
+                           common_form((attn.to_q, attn.to_k, attn.to_v), hidden_states, rows) if fast else None)
+        if op is not None:
+            q, gate_msa, enc_gate_msa = op
+            attn_hs, attn_enc = proc.attend_projected(attn, attn.to_q(q), attn.to_k(q), attn.to_v(q), text_len,
+                                                      image_rotary_emb)
+        else:
+            n_hs, n_enc, gate_msa, enc_gate_msa = block.norm1(hidden_states, encoder_hidden_states, temb)
+            attn_hs, attn_enc = attn(hidden_states=n_hs, encoder_hidden_states=n_enc,
+                                     image_rotary_emb=image_rotary_emb)
+        self._count(op)
+        hidden_states = hidden_states + gate_msa * attn_hs
+        encoder_hidden_states = encoder_hidden_states + enc_gate_msa * attn_enc
+
+        op = self._operand(block.norm2, temb, hidden_states, encoder_hidden_states,
+                           common_form((block.ff.net[0].proj,), hidden_states, rows))
+        if op is not None:
+            ff_in, gate_ff, enc_gate_ff = op
+        else:
+            n_hs, n_enc, gate_ff, enc_gate_ff = block.norm2(hidden_states, encoder_hidden_states, temb)
+            ff_in = torch.cat([n_enc, n_hs], dim=1)
+        self._count(op)
+        ff_output = block.ff(ff_in)  # ff.net.0 is GELU(proj(x)): proj takes the QuantizedInput
+        hidden_states = hidden_states + gate_ff * ff_output[:, text_len:]
+        encoder_hidden_states = encoder_hidden_states + enc_gate_ff * ff_output[:, :text_len]
+        return hidden_states, encoder_hidden_states
+
+    def _count(self, op) -> None:
+        if op is None:
+            self.unfused += 1
+        else:
+            self.fused += 1

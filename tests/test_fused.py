@@ -1,0 +1,174 @@
+"""Quantize fused into the norm producers (sixbit/fused.py) and the pre-quantized input of ``ops.linear``.
+
+The fused block must compute what the block's own forward computes (documented bound: the producer's
+codes equal the unfused quantize's up to rare one-step flips, so outputs agree to ~1e-4 relative), fuse
+exactly where every consumer reads an INT8 operand this step, and leave every other case untouched.
+Triton's interpreter on CPU tensors (``backend="triton"``, processors with ``allow_cpu``); on a CUDA host
+the compiled kernels on the GPU, in bf16 (the producers' GPU dtypes).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.hooks.hooks import HookRegistry
+
+import sixbit
+from sixbit import SixBitConfig, attention, fused
+from sixbit import formats as spec
+from sixbit.adapters import COGVIDEOX
+from sixbit.linear import ops, swap_linears
+from sixbit.testing import generate, tiny_cogvideox_pipeline
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+#: the dtypes the block tests run: fp32 too in the interpreter; on CUDA the producers take bf16/fp16 only
+DTYPES = [torch.float32, torch.bfloat16] if DEV == "cpu" else [torch.bfloat16]
+BOUND = 1e-4  # measured: 0 (bf16) and ~2e-8 (fp32) on these blocks
+
+
+def _block(int8_route="w8a8", backend="triton", dtype=DTYPES[0], seed=0):
+    """One CogVideoX block (width 32) with swapped linears, the fused processor and the fused hook."""
+    block = tiny_cogvideox_pipeline(seed=seed, num_layers=1, dtype=dtype).transformer.transformer_blocks[0].to(DEV)
+    names = [n for n, _ in COGVIDEOX.block_linears(block)]
+    new, _ = swap_linears(block, names, formats_=("nvfp4", "int8"), hadamard_block=32, fp_weights="device",
+                          int8_route=int8_route, backend=backend, k_sigma=None)
+    for attn, _ in attention.install([("b", block)], ops(), backend):
+        attn.processor.allow_cpu = True
+    hook = fused.FusedProducersHook(backend)
+    HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, fused.FUSED_HOOK)
+    g = torch.Generator().manual_seed(seed + 7)
+    args = tuple(torch.randn(*shape, generator=g).to(DEV, dtype) for shape in ((2, 24, 32), (2, 5, 32), (2, 32)))
+    return block, new, hook, args
+
+
+def _run(block, hook, args, routes):
+    for m, r in routes.items():
+        m.route = r
+    with torch.no_grad():
+        got = block(*args)
+        ref = hook.fn_ref.original_forward(*args)
+    return got, ref
+
+
+def _close(got, ref):
+    for g, r in zip(got, ref):
+        assert float(spec.relative_error(g, r)) < BOUND
+
+
+@pytest.mark.parametrize("int8_route,dtype", [("w8a8", d) for d in DTYPES] + [("int8", DTYPES[0])])
+def test_fused_block_matches_unfused(int8_route, dtype, one_thread):
+    """Every linear on an INT8 route (W8A8; W4A8 reads fp16 codes): both norms fused."""
+    block, new, hook, args = _block(int8_route, dtype=dtype)
+    got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert (hook.fused, hook.unfused) == (2, 0)
+    _close(got, ref)
+
+
+def test_fuses_only_where_every_consumer_reads_int8(one_thread):
+    block, new, hook, args = _block()
+    routes = {m: "int8" for m in new.values()}
+    routes[new["attn1.to_k"]] = "nvfp4"  # one qkv consumer needs the 16-bit input: norm1 runs unfused
+    got, ref = _run(block, hook, args, routes)
+    assert (hook.fused, hook.unfused) == (1, 1)
+    _close(got, ref)
+    routes[new["ff.net.0.proj"]] = "fp16"
+    got, ref = _run(block, hook, args, routes)
+    assert (hook.fused, hook.unfused) == (1, 3)
+    assert all(torch.equal(g, r) for g, r in zip(got, ref))  # nothing fused: the block's own forward
+
+
+def test_torch_backend_and_outlier_counts_run_todays_path(one_thread):
+    block, new, hook, args = _block(backend="torch")
+    got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert hook.fused == 0 and all(torch.equal(g, r) for g, r in zip(got, ref))
+    block, new, hook, args = _block()
+    new["attn1.to_q"].k_sigma = 8.0  # a per-linear outlier count needs the 16-bit input
+    _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert (hook.fused, hook.unfused) == (1, 1)
+
+
+def test_pipeline_fused_matches_unfused_and_removes_cleanly(one_thread):
+    """The engine wires the hook inside its block hook (routes set first): a W8A8 video with the fused
+    producers equals the unfused one to the bound; ``remove()`` leaves the blocks as they were."""
+    pipe = tiny_cogvideox_pipeline(seed=0, num_layers=2, dtype=DTYPES[0]).to(DEV)
+    out = {}
+    for fp in (False, True):
+        with sixbit.apply(pipe, SixBitConfig.preset("w8a8", backend="triton", fused_producers=fp)) as h:
+            blocks = [b for _, b in h.adapter.blocks(pipe.transformer)]
+            for b in blocks:
+                b.attn1.processor.allow_cpu = True
+            out[fp] = generate(pipe, num_inference_steps=2)
+            hooks = [b._diffusers_hook.hooks.get(fused.FUSED_HOOK) for b in blocks]
+            assert all(k is None for k in hooks) if not fp else all((k.fused, k.unfused) == (4, 0) for k in hooks)
+    assert float(spec.relative_error(out[True], out[False])) < 10 * BOUND  # measured 7e-7 (fp32, interpreter)
+    for b in pipe.transformer.transformer_blocks:
+        assert "forward" not in b.__dict__ and not getattr(b, "_diffusers_hook", None)
+
+
+# ------------------------------------------------------------------------- ops.linear on QuantizedInput
+
+
+def _layer(k=64, n=48):
+    g = torch.Generator().manual_seed(3)
+    return ops().pack_linear(torch.randn(n, k, generator=g) / 8, torch.randn(n, generator=g),
+                             formats=("nvfp4", "int8"), hadamard_block=32)
+
+
+@pytest.mark.parametrize("route", ["w8a8", "int8"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_linear_on_quantized_input_equals_linear_on_x(route, backend):
+    """A producer's operand built with today's quantize of ``x`` gives ``linear(x)``'s output."""
+    p = _layer().to(DEV)
+    x = torch.randn(3, 17, 64, generator=torch.Generator().manual_seed(4)).to(DEV)
+    form = ops().operand_form(p, route)
+    act = ops().quantize_act(x.reshape(-1, 64), "int8", 32, backend=backend)[0]
+    if form == "int8-dense":
+        act = spec.Int8Tensor(act.data.to(torch.float16), act.scale, act.orig_dtype)
+    y = ops().linear(ops().QuantizedInput(act, 32, (3, 17), x.dtype), p, route, backend=backend)[0]
+    y_ref = ops().linear(x, p, route, backend=backend)[0]
+    assert y.shape == (3, 17, 48)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_input_errors_name_the_mismatch():
+    p = _layer()
+    act = spec.quantize_int8(torch.randn(4, 64))
+    q = ops().QuantizedInput(act, 32, (4,), torch.float32)
+    assert ops().operand_form(p, "nvfp4") is None and ops().operand_form(p, "w8a8") == "int8"
+    with pytest.raises(ValueError, match="reads no pre-quantized operand"):
+        ops().linear(q, p, "nvfp4")
+    with pytest.raises(ValueError, match="reads int8-dense"):
+        ops().linear(q, p, "int8")
+    with pytest.raises(ValueError, match="Hadamard block 16"):
+        ops().linear(ops().QuantizedInput(act, 16, (4,), torch.float32), p, "w8a8")
+    with pytest.raises(ValueError, match="k_sigma"):
+        ops().linear(q, p, "w8a8", k_sigma=8.0)
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="interpreter dispatch of CPU tensors (the GPU's check runs in the app)")
+def test_producers_are_self_checked_under_auto(monkeypatch, one_thread):
+    """``backend="auto"``: the producer kernels are checked once per device against formats' reference; a
+    broken one falls back (a warning) and the block runs its own forward."""
+    from sixbit_kernels import selfcheck, targets
+
+    k = ops()
+    x = torch.randn(2, 9, 64)
+    parts = [(x, torch.ones(2, 64), torch.zeros(2, 64))]
+    with selfcheck.interpreter_dispatch(targets.INTERPRETER):
+        assert k.producers_supported(x, "auto")
+        q = k.norm_modulate_int8(parts, None, None, 1e-5, 32)
+        assert q.form == "int8" and q.shape == (2, 9, 64)
+        assert selfcheck.status("cpu")["norm_modulate_int8/64/torch.float32/32"]["impl"] == "triton"
+        g = k.gelu_int8(x, 32, dense=True)
+        assert g.form == "int8-dense" and g.lead == (2, 9)
+    real = k._norm_modulate_kernel
+
+    def broken(parts, *a, **kw):
+        q, y = real(parts, *a, **kw)
+        return spec.Int8Tensor(q.data, q.scale * 2, q.orig_dtype), y
+
+    monkeypatch.setattr(k, "_norm_modulate_kernel", broken)
+    with selfcheck.interpreter_dispatch(targets.INTERPRETER):
+        with pytest.warns(RuntimeWarning, match="norm_modulate_int8/64.*failed its self-check"):
+            assert k.norm_modulate_int8(parts, None, None, 1e-5, 32) is None
+    assert not k.producers_supported(x, "auto")  # CPU without interpreter dispatch: today's path
