@@ -176,6 +176,20 @@ def launch(nproc: int, argv: list[str]) -> int:
     return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def from_speed(args) -> int:
+    """``python -m benchmarks speed --nproc-per-node N``: one :func:`launch` per ``--sizes`` entry with the
+    speed benchmark's call, steps, configurations, schedule and output folder."""
+    rc = 0
+    for size in args.sizes:
+        argv = ["--model", f"cogvideox-{size}", "--steps", str(args.steps), "--frames", str(args.frames),
+                "--height", str(args.height), "--width", str(args.width), "--schedule", args.schedule or "",
+                "--out", args.out, "--device", "cuda" if (args.device or "cuda").startswith("cuda") else "cpu"]
+        argv += ["--warmup-steps", str(args.warmup_steps)] if args.warmup_steps is not None else []
+        argv += ["--configs", *args.configs] if args.configs else []
+        rc = rc or launch(args.nproc_per_node, argv)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m benchmarks.parallel", description=__doc__)
     p.add_argument("--model", choices=[*COGVIDEOX, *sorted(WAN)], default="cogvideox-5b")

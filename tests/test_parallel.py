@@ -116,25 +116,27 @@ def _amax_x(rows: int = 8, k: int = 64) -> torch.Tensor:
     return x
 
 
-def _amax_rank(rank: int) -> dict:
+def _amax_outputs(x: torch.Tensor, reduce_amax) -> dict:
+    """NVFP4 of ``x`` (Hadamard 16): the Triton kernel's codes, block scales and tensor scale, the torch
+    reference's values, and an nvfp4 linear on both backends."""
     from sixbit import formats
     from sixbit import kernels as sk
     from sixbit.linear import ops
 
-    quantize_nvfp4_act = sk.hadamard_quant.quantize_nvfp4_act
-    x = _amax_x().chunk(2)[rank]
     packed = ops().pack_linear(torch.randn(16, x.shape[1], generator=torch.Generator().manual_seed(4)), None,
                                hadamard_block=16)
-    out = {}
-    for name, red in (("reduced", partial(parallel.all_reduce_amax, group=None)), ("local", None)):
-        q, _ = quantize_nvfp4_act(x, 16, reduce_amax=red)
-        ref = formats.fake_quantize_nvfp4(formats.block_hadamard(x, 16),
-                                          formats.nvfp4_tensor_scale(formats.block_hadamard(x, 16), red))
-        out[name] = {"codes": q.data.tolist(), "scales": q.scales.view(torch.uint8).tolist(),
-                     "ts": q.tensor_scale.item(), "ref": ref.tolist(),
-                     **{b: ops().linear(x, packed, "nvfp4", backend=b, reduce_amax=red)[0].tolist()
-                        for b in ("torch", "triton")}}
-    return out
+    q, _ = sk.hadamard_quant.quantize_nvfp4_act(x, 16, reduce_amax=reduce_amax)
+    xr = formats.block_hadamard(x, 16)
+    return {"codes": q.data.tolist(), "scales": q.scales.view(torch.uint8).tolist(), "ts": q.tensor_scale.item(),
+            "ref": formats.fake_quantize_nvfp4(xr, formats.nvfp4_tensor_scale(xr, reduce_amax)).tolist(),
+            **{b: ops().linear(x, packed, "nvfp4", backend=b, reduce_amax=reduce_amax)[0].tolist()
+               for b in ("torch", "triton")}}
+
+
+def _amax_rank(rank: int) -> dict:
+    x = _amax_x().chunk(2)[rank]
+    return {"reduced": _amax_outputs(x, partial(parallel.all_reduce_amax, group=None)),
+            "local": _amax_outputs(x, None)}
 
 
 def _rank(mode: str, config: str, rank: int, port: int, out: str) -> None:
@@ -201,33 +203,34 @@ def test_decisions_identical_across_ranks_and_to_one_process(tmp_path, mode, con
 
 @pytest.mark.usefixtures("one_thread")
 def test_nvfp4_amax_all_reduce_gives_the_one_process_codes(tmp_path):
-    from sixbit import formats
-    from sixbit.linear import ops
-
-    from kernels.hadamard_quant import quantize_nvfp4_act
-
     ranks = _spawn(tmp_path, "amax")
-    x = _amax_x()
-    q, _ = quantize_nvfp4_act(x, 16)
-    xr = formats.block_hadamard(x, 16)
-    ref = formats.fake_quantize_nvfp4(xr)
-    packed = ops().pack_linear(torch.randn(16, x.shape[1], generator=torch.Generator().manual_seed(4)), None,
-                               hadamard_block=16)
-    ys = {b: ops().linear(x, packed, "nvfp4", backend=b)[0] for b in ("torch", "triton")}
+    full = {k: torch.tensor(v) for k, v in _amax_outputs(_amax_x(), None).items()}
     for r, got in enumerate(ranks):
         rows = slice(r * 4, r * 4 + 4)
-        red, loc = got["reduced"], got["local"]
-        # with the MAX all-reduce: the 1-process codes, block scales and tensor scale, bit for bit
-        assert torch.equal(torch.tensor(red["codes"], dtype=torch.uint8), q.data[rows])
-        assert torch.equal(torch.tensor(red["scales"], dtype=torch.uint8), q.scales.view(torch.uint8)[rows])
-        assert red["ts"] == q.tensor_scale.item()
-        assert torch.equal(torch.tensor(red["ref"]), ref[rows])
-        for b, y in ys.items():
-            assert torch.allclose(torch.tensor(red[b]), y[rows], rtol=1e-6, atol=1e-6), b
+        red, loc = ({k: torch.tensor(v) for k, v in got[n].items()} for n in ("reduced", "local"))
+        # with the MAX all-reduce: the 1-process codes, block scales, tensor scale and values, bit for bit
+        for k in ("codes", "scales", "ref"):
+            assert torch.equal(red[k], full[k][rows]), k
+        assert red["ts"] == full["ts"]
+        for b in ("torch", "triton"):
+            assert torch.allclose(red[b], full[b][rows], rtol=1e-6, atol=1e-6), b
         # without it: rank 0 quantizes with its own (20× smaller) amax
         if r == 0:
-            assert loc["ts"] != q.tensor_scale.item() and loc["codes"] != red["codes"]
-            assert not torch.allclose(torch.tensor(loc["torch"]), ys["torch"][rows], rtol=1e-3, atol=1e-4)
+            assert loc["ts"] != full["ts"] and not torch.equal(loc["codes"], full["codes"][rows])
+            assert not torch.allclose(loc["torch"], full["torch"][rows], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_bench_speed_runs_one_and_two_ranks_in_one_job(tmp_path, monkeypatch):
+    """``python -m benchmarks speed --nproc-per-node 2`` → torchrun → ``benchmarks.parallel`` (CPU, gloo)."""
+    from benchmarks.speed import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert main(["--sizes", "tiny", "--device", "cpu", "--nproc-per-node", "2", "--steps", "3", "--warmup-steps",
+                 "1", "--configs", "full", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "parallel_cogvideox-tiny_x2.json").read_text())["rows"]
+    assert row["ranks_agree"] and row["equal_to_one_gpu"] and len(row["decisions_one_gpu"]) == 3
+    assert row["psnr_db"] > 100 and row["one_gpu_s"] > 0 and row["n_gpu_s"] > 0
 
 
 def test_enable_needs_torch_distributed():
