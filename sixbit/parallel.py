@@ -1,4 +1,4 @@
-"""Rank-consistent decisions under an existing distributed engine (diffusers context parallelism).
+"""Rank-consistent decisions under an existing distributed engine (diffusers' context-parallel machinery).
 
 sixbit brings no parallel engine of its own. Under context parallelism (diffusers'
 ``transformer.enable_parallelism(config=ContextParallelConfig(...))``, launched with ``torchrun``) every
@@ -17,8 +17,8 @@ context, whether a Δ is cached) is the same on every rank by construction. ``ch
 on every read: it all-gathers the reduced vector and raises :class:`DivergenceError` if any rank holds
 other bits (one extra collective per read: a debug switch).
 
-Equal to the 1-process run, up to summation order: each rank sums its slice in fp32 (``dmpq.l1`` or the block-stats kernel) and the
-slices are summed in fp64 (``Run.read`` casts before the reduce), so the global sums differ from one
+Equal to the 1-process run, up to summation order: each rank sums its slice in fp32 (``dmpq.l1`` or the
+block-stats kernel) and the slices are summed in fp64 (``Run.read`` casts before the reduce), so the global sums differ from one
 fp32 sum over the whole tensor by fp32 rounding (relative ~1e-7·log n), and the model's own outputs
 under CP differ by float noise too. The rules compare ratios of these sums with thresholds (τ, the TDC
 threshold and budget, ρ); a decision can differ from the 1-process run only when a ratio lies within
@@ -44,7 +44,8 @@ rank's own (a batch row attends only to itself), so no attention processor may c
 
 Order: call ``sixbit.apply`` *before* ``enable_parallelism``. diffusers' hooks wrap outside the ones
 already registered, so the CP split hook on ``blocks.0`` then runs first and sixbit's block hook sees
-(and, when it skips, returns) the local slice; :func:`enable` refuses the other order. See
+(and, when it skips, returns) the local slice; :func:`enable` refuses the other order. (The CFG plan's
+hooks sit outside the blocks; there the reason is that ``sixbit.apply`` may swap ``proj_out``.) See
 ``docs/PARALLEL.md`` for which engine fits which model.
 """
 
@@ -154,7 +155,7 @@ def enable_cogvideox_cfg_parallel(transformer, world_size: int | None = None):
     aware = [n for n, m in transformer.named_modules()
              if getattr(getattr(m, "processor", None), "_parallel_config", None) is not None]
     if aware:
-        raise ValueError(f"{aware[0]}: its attention processor runs diffusers' context-parallel attention, "
-                         "which would exchange tokens between the ranks' different batch rows; CFG parallel "
+        raise ValueError(f"{aware[0]}: its attention processor takes diffusers' _parallel_config (context-parallel "
+                         "attention), which would exchange tokens between the ranks' different batch rows; CFG parallel "
                          "needs each rank's own attention (CogVideoX's stock or sixbit's processor)")
     return transformer

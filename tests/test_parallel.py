@@ -106,6 +106,11 @@ def _pipeline_rank(mode: str, config: str) -> dict:
         wrong.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
         with pytest.raises(ValueError, match="enable_parallelism"):
             parallel.enable(sixbit.apply(wrong, _config(mode, config)))
+    else:  # a processor that takes diffusers' parallel config would run Ulysses across different rows: refused
+        wrong = tiny_cogvideox_pipeline().transformer
+        wrong.transformer_blocks[0].attn1.processor._parallel_config = None
+        with pytest.raises(ValueError, match="_parallel_config"):
+            parallel.enable_cogvideox_cfg_parallel(wrong)
     return {"local": _values(local), "decisions": _decisions(reduced), "values": _values(reduced),
             "shapes": sorted({tuple(s) for s in seen}), "out": out.flatten().tolist()}
 
