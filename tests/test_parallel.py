@@ -51,7 +51,8 @@ def _config(mode: str, name: str) -> SixBitConfig:
         return SixBitConfig.preset("tdc_only", **tdc)
     if name == "tdc_step":
         return SixBitConfig.preset("tdc_only", tdc_first=1, tdc_probe_threshold=math.inf)
-    return SixBitConfig.preset("balanced", policy=None, tau=tau, pdr_k_sigma=2.5, pdr_rho=rho, **tdc)
+    backend = {"full_triton": "triton"}.get(name, "auto")  # the Triton kernels (interpreter on the CPU)
+    return SixBitConfig.preset("balanced", policy=None, tau=tau, pdr_k_sigma=2.5, pdr_rho=rho, backend=backend, **tdc)
 
 
 def _decisions(trace: dict) -> list:
@@ -180,7 +181,8 @@ def _spawn(tmp_path, mode: str, config: str = "") -> list[dict]:
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("mode,config", [("wan", "full"), ("wan", "tdc_only"), ("wan", "tdc_step"),
-                                         ("cogvideox", "full"), ("cogvideox", "tdc_only")])
+                                         ("cogvideox", "full"), ("cogvideox", "tdc_only"),
+                                         ("cogvideox", "full_triton")])
 def test_decisions_identical_across_ranks_and_to_one_process(tmp_path, mode, config):
     r0, r1 = _spawn(tmp_path, mode, config)
     pipe, handle = _pipe(mode, False, config)
@@ -193,7 +195,7 @@ def test_decisions_identical_across_ranks_and_to_one_process(tmp_path, mode, con
     assert r0["decisions"] == r1["decisions"] == _decisions(single)
     modes = {b[3] for d in _decisions(single) for b in d[2]}
     routes = {r for d in _decisions(single) for r in d[3]}
-    if config == "full":  # the configuration exercises every rule, NVFP4 routes included
+    if config.startswith("full"):  # the configuration exercises every rule, NVFP4 routes included
         assert {"skip", "dmpq", "pdr", "after_skip"} <= modes and {"int8", "nvfp4", "skipped"} <= routes, modes
     else:
         assert "skip" in modes and "fp" in modes, modes
@@ -201,9 +203,13 @@ def test_decisions_identical_across_ranks_and_to_one_process(tmp_path, mode, con
     # moves by ~5 % once an NVFP4 route has run)
     flat = [[v for row in vals for v in row] for vals in (r0["values"], _values(single))]
     assert [v is None for v in flat[0]] == [v is None for v in flat[1]]
-    assert [v for v in flat[0] if v is not None] == pytest.approx([v for v in flat[1] if v is not None], rel=1e-5)
+    # the Triton kernels (and the torch reference's GEMMs) round the last fp32 bit differently for 64 and
+    # 128 rows; a quantized code on a rounding tie then flips by one step: on the Triton path that moves Γ by
+    # up to 4e-3 and the decoded video by up to 0.014 here (measured), without changing a decision
+    rel, atol = (1e-2, 3e-2) if config == "full_triton" else (1e-5, 1e-5)
+    assert [v for v in flat[0] if v is not None] == pytest.approx([v for v in flat[1] if v is not None], rel=rel)
     for r in (r0, r1):
-        assert torch.allclose(torch.tensor(r["out"]), single_out.flatten(), rtol=1e-4, atol=1e-5)
+        assert torch.allclose(torch.tensor(r["out"]), single_out.flatten(), rtol=1e-4, atol=atol)
 
 
 @pytest.mark.usefixtures("one_thread")
