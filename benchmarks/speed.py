@@ -289,7 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None)
     p.add_argument("--render", type=Path, default=None, metavar="JSON",
                    help="only re-render the markdown table of a speed result file")
+    p.add_argument("--nproc-per-node", type=int, default=1,
+                   help="N > 1: 1-GPU vs N-GPU rows (CFG parallel) in one torchrun job (benchmarks.parallel)")
     args = parse(p, argv)
+    if args.nproc_per_node > 1:
+        from benchmarks.parallel import from_speed
+
+        return from_speed(args)
     if args.render is not None:
         render(json.loads(args.render.read_text()), args.render.parent, args.render.stem)
         return 0

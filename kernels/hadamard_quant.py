@@ -452,18 +452,23 @@ def nvfp4_amax(x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: fl
 def quantize_nvfp4_act(
     x2d: torch.Tensor, hadamard_block: int | None = None, k_sigma: float | None = None, *,
     dense: bool = False, config: tuple | None = None, rows_config: tuple | None = None, target: Target | None = None,
+    reduce_amax=None,
 ):
     """Fused ``block_hadamard`` + NVFP4 with the per-tensor scale of the rotated tensor (+ outlier count).
 
     Two launches: the amax pre-pass (which also counts outliers), then the quantize pass. Returns
     ``(NVFP4Tensor, count or None)``. With ``dense=True`` the first element is instead
     ``(values fp16 [M, K] = E2M1 * bs * 2**-7 exactly, block scales, tensor scale)`` — the operand format
-    of the Hopper GEMM, see ``gemm_w4``.
+    of the Hopper GEMM, see ``gemm_w4``. ``reduce_amax``: ``fn(bits)`` applied, in place, to the pre-pass's
+    amax bit pattern before the quantize pass reads it (``sixbit.parallel``: a MAX all-reduce over the ranks
+    that share the tensor; int32 order is float order for non-negative floats, NaN above inf).
     """
     x, M, K, hb, bk, nchr, interp = _prep(x2d, hadamard_block)
     amax = torch.zeros(1, dtype=torch.int32, device=x.device)
     count = _rows_launch(x, M, K, hb, bk, nchr, interp, MODE_AMAX, amax=amax, k_sigma=k_sigma, config=rows_config,
                          target=target)
+    if reduce_amax is not None:
+        reduce_amax(amax)
     mr = M * nchr
     tiles = CUDA_NVFP4_CONFIG if target is None else target.config("nvfp4_tiles", CUDA_NVFP4_CONFIG)
     block_rows, nw, waves = config or (INTERP_NVFP4_CONFIG if interp else tiles)

@@ -448,11 +448,11 @@ def _cached(cache: ActCache | None, x: torch.Tensor, key, make):
     return hit
 
 
-def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma):
+def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma, reduce_amax=None):
     count = spec.outlier_count(x2, k_sigma)[0] if k_sigma is not None else None
     xr = spec.block_hadamard(x2, hb) if hb else x2.float()
     if route == "nvfp4":
-        xq = spec.fake_quantize_nvfp4(xr, check_finite=False)
+        xq = spec.fake_quantize_nvfp4(xr, spec.nvfp4_tensor_scale(xr, reduce_amax), check_finite=False)
     elif route in ("int8", "w8a8"):
         xq = spec.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
     else:
@@ -473,10 +473,11 @@ def _dense_weight(packed: PackedLinear, fmt: str) -> torch.Tensor:
     return cache[fmt]
 
 
-def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, cache=None, x=None):
+def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, cache=None, x=None,
+                  reduce_amax=None):
     hb = packed.hadamard_block
     key = ("torch", "int8" if route == "w8a8" else route, hb, k_sigma)
-    xq, count = _cached(cache, x, key, lambda: _act_torch(x2, route, hb, k_sigma))
+    xq, count = _cached(cache, x, key, lambda: _act_torch(x2, route, hb, k_sigma, reduce_amax))
     y = xq @ _dense_weight(packed, WEIGHT_FORMAT[route]).T
     if packed.bias is not None:
         y = y + packed.bias.float()
@@ -493,14 +494,14 @@ def _act_form(route: str, dense: bool, w4a16_split: bool = False) -> str:
     return "w4a16-split" if w4a16_split else "w4a16"
 
 
-def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma, target=None):
+def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma, target=None, reduce_amax=None):
     """The operand of ``form`` (see :func:`_act_form`) for ``x2``: fused Hadamard + quantize, and the count."""
     t = {"target": target}
     if form == "nvfp4-dense":
-        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True, **t)
+        (vals, bs, ts), count = quantize_nvfp4_act(x2, hb, k_sigma, dense=True, reduce_amax=reduce_amax, **t)
         return DenseAct(vals, "nvfp4", tensor_scale=ts, block_scales=bs), count
     if form == "nvfp4":
-        return quantize_nvfp4_act(x2, hb, k_sigma, **t)
+        return quantize_nvfp4_act(x2, hb, k_sigma, reduce_amax=reduce_amax, **t)
     if form == "int8-dense":
         q, count = quantize_int8_act(x2, hb, k_sigma, dense=True, **t)
         return DenseAct(q.data, "int8", row_scale=q.scale), count
@@ -513,7 +514,7 @@ def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma, target=None):
 
 
 def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, impl: str,
-                   target: targets.Target | None, options: KernelOptions, cache=None, x=None):
+                   target: targets.Target | None, options: KernelOptions, cache=None, x=None, reduce_amax=None):
     """One route on one implementation: ``hopper-triton`` / ``portable-triton`` (``target`` of that
     variant) or ``blackwell-native`` (the nvfp4 route through ``torch._scaled_mm``)."""
     hb = packed.hadamard_block
@@ -522,7 +523,8 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
     w = packed.weight(WEIGHT_FORMAT[route])
     native = impl == selfcheck.NATIVE
     form = _act_form(route, options.dense_activations and not native, options.w4a16_split)
-    a, count = _cached(cache, x, ("triton", form, hb, k_sigma), lambda: _act_triton(x2, form, hb, k_sigma, target))
+    a, count = _cached(cache, x, ("triton", form, hb, k_sigma),
+                       lambda: _act_triton(x2, form, hb, k_sigma, target, reduce_amax))
     if route == "w8a8":
         y = gemm_w8a8(a, w, bias, out_dtype, target=target)
     elif native:
@@ -561,11 +563,13 @@ def _route_impl(x2, packed: PackedLinear, route: str, k_sigma) -> str:
 
 
 def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float | None = None,
-           backend: str = "auto", cache: ActCache | None = None, options: KernelOptions | None = None):
+           backend: str = "auto", cache: ActCache | None = None, options: KernelOptions | None = None,
+           reduce_amax=None):
     """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract.
     ``cache``: an :class:`ActCache` shared by linears that may read the same ``x`` (quantize once).
-    ``options``: explicit kernel switches (:class:`KernelOptions`). ``x`` may be a
-    :class:`QuantizedInput` (its producer already quantized it): then the GEMM alone runs."""
+    ``options``: explicit kernel switches (:class:`KernelOptions`). ``reduce_amax``: the nvfp4 route's
+    per-tensor amax hook (``formats.nvfp4_tensor_scale``; ``sixbit.parallel``: MAX over the ranks). ``x`` may
+    be a :class:`QuantizedInput` (its producer already quantized it): then the GEMM alone runs."""
     if isinstance(x, QuantizedInput):
         return _linear_prequantized(x, packed, route, k_sigma, backend, options or DEFAULT_OPTIONS)
     if route not in LINEAR_ROUTES:
@@ -593,9 +597,9 @@ def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float 
         tgt = opts.target
         impl = _impl_name(tgt or targets.device_target(x2.device))
     if be == "torch":
-        y, count = _linear_torch(x2, packed, route, k_sigma, cache, x)
+        y, count = _linear_torch(x2, packed, route, k_sigma, cache, x, reduce_amax)
     else:
-        y, count = _linear_triton(x2, packed, route, k_sigma, impl, tgt, opts, cache, x)
+        y, count = _linear_triton(x2, packed, route, k_sigma, impl, tgt, opts, cache, x, reduce_amax)
     return y.reshape(*lead, packed.out_features), count
 
 

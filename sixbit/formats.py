@@ -217,9 +217,14 @@ class NVFP4Tensor:
         return NVFP4Tensor(self.data.to(device), self.scales.to(device), self.tensor_scale.to(device), self.orig_dtype)
 
 
-def nvfp4_tensor_scale(x: torch.Tensor) -> torch.Tensor:
-    """Per-tensor decode scale ``amax / (448 * 6)`` as a 0-d fp32 tensor (no host sync)."""
-    return x.detach().abs().amax().float() / (E4M3_MAX * F4_MAX)
+def nvfp4_tensor_scale(x: torch.Tensor, reduce_amax=None) -> torch.Tensor:
+    """Per-tensor decode scale ``amax / (448 * 6)`` as a 0-d fp32 tensor (no host sync). ``reduce_amax``:
+    ``fn(bits)`` that MAX-reduces, in place, the amax's int32 bit pattern (a 1-element tensor) over the
+    ranks that share ``x`` (``sixbit.parallel``: each rank holds a slice of the tokens)."""
+    amax = x.detach().abs().amax().float()
+    if reduce_amax is not None:
+        reduce_amax(amax.reshape(1).view(torch.int32))  # a view: the reduce writes amax
+    return amax / (E4M3_MAX * F4_MAX)
 
 
 def quantize_nvfp4(

@@ -102,6 +102,8 @@ class SixBitLinear(nn.Module):
         #: ``sixbit_kernels.ops.ActCache`` shared with the layers that may read the same input (set by
         #: :func:`swap_linears`: one per swap, so Q, K and V quantize their common input once per route)
         self.act_cache = None
+        #: ``fn(bits)``: MAX all-reduce of the nvfp4 route's activation amax (``sixbit.parallel``), else None
+        self.reduce_amax = None
 
     @property
     def has_fp_weights(self) -> bool:
@@ -149,7 +151,7 @@ class SixBitLinear(nn.Module):
             count = fmt.outlier_count(x, self.k_sigma)[0] if self.k_sigma is not None else None
         else:
             y, count = ops().linear(x, self.packed, route, k_sigma=self.k_sigma, backend=self.backend,
-                                    cache=self.act_cache)
+                                    cache=self.act_cache, reduce_amax=self.reduce_amax)
         self.last_outliers = None if count is None else (count, x.numel())
         if self.observer is not None:
             self.observer(self, x, y)
