@@ -51,6 +51,8 @@ COMPUTE_PATHS = {
     "portable-triton": "Portable Triton kernels (capability 8.0+, no Hopper-only features) — INT8 on tensor "
                        "cores; NVFP4 weights decoded to 16 bits and multiplied at 16-bit rate (a memory win). "
                        "Measured only on an H200 with the portable variant forced (docs/KERNELS.md).",
+    "attention-fp8-emulated": "The 8-bit attention ran as a plain-torch emulation of the kernel's numerics "
+                              "(backend 'torch'): its quality, not its speed.",
     "blackwell-native (unverified)": "Blackwell native FP4 tensor cores — unverified: this path has "
                                      "not been run by the project.",
 }
