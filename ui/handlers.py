@@ -270,6 +270,9 @@ class DemoController:
         path = trace.get("compute_path", "unknown")
         device = trace.get("device") or six.extra.get("device") or info.device
         explain = explain_compute_path(path)
+        compiled = (trace.get("summary") or {}).get("kernels_compiled_s")
+        if compiled is not None:
+            explain += f" Kernels compiled in {compiled:.1f} s at `sixbit.apply` (not in the step times)."
         return (f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}")
 
     # ---------------------------------------------------------------- handlers
