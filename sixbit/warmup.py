@@ -96,6 +96,8 @@ def plan(handle) -> list[tuple[str, object]]:
         if cfg.pdr and cfg.quant == "dmpq":
             items.append((f"outlier_count {w}", _outliers(w, cfg)))
     has_fits = any(h.attention_fit is not None for h in handle.block_hooks)
+    # the rotary tables' presence selects a kernel variant: warm the one the model's calls will use
+    rope = bool(getattr(getattr(handle.transformer, "config", None), "use_rotary_positional_embeddings", False))
     for hook in handle.block_hooks:
         for proc in hook.attn_procs:
             attn = _attention_module(handle, proc)
@@ -106,7 +108,7 @@ def plan(handle) -> list[tuple[str, object]]:
                 if key + (r,) not in seen:
                     seen.add(key + (r,))
                     items.append((f"attention {attn.heads}×{attn.to_k.out_features // attn.heads} {r}",
-                                  _attention(attn, proc, r)))
+                                  _attention(attn, proc, r, rope)))
     return items
 
 
@@ -181,7 +183,7 @@ def _attention_module(handle, proc):
     return next((m for m in handle.transformer.modules() if getattr(m, "processor", None) is proc), None)
 
 
-def _attention(attn, proc, route: str):
+def _attention(attn, proc, route: str, rope: bool):
     def run(dev, dtype):
         width = attn.to_q.in_features
         head_dim = attn.to_k.out_features // attn.heads
@@ -191,7 +193,7 @@ def _attention(attn, proc, route: str):
         saved = proc.attention_route
         try:
             proc.attention_route = route
-            attn(hs, encoder_hidden_states=enc, image_rotary_emb=(angle.cos(), angle.sin()))
+            attn(hs, encoder_hidden_states=enc, image_rotary_emb=(angle.cos(), angle.sin()) if rope else None)
         finally:
             proc.attention_route = saved
     return run
