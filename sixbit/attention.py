@@ -73,10 +73,10 @@ def _emulable(q, k, v, emulate: bool) -> bool:
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, allow_cpu: bool = False,
                   emulate: bool = False) -> tuple[torch.Tensor, str] | None:
     """8-bit attention of ``[B, H, S, D]`` q/k/v as ``[B, S, H·D]`` in q's dtype, and how it ran (``"kernel"``
-    or ``"emulated"``: ``formats.attention_fp8_reference``, taken with ``emulate`` where the kernel cannot
-    run); None where neither runs."""
+    or ``"emulated"``: ``formats.attention_fp8_reference``, instead of the kernel with ``emulate``); None
+    where neither runs."""
     B, H, S, D = q.shape
-    if not (emulate and not q.is_cuda) and fp8_supported(q, k, v, allow_cpu=allow_cpu):
+    if not emulate and fp8_supported(q, k, v, allow_cpu=allow_cpu):
         buf = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
         _fp8_module().fp8_attention(q, k, v, out=buf.transpose(1, 2))
         return buf.view(B, S, H * D), "kernel"
@@ -212,6 +212,7 @@ class FusedQKNormRopeProcessor:
     def _finish(self, attn, query, key, value, text_len: int, emulate: bool = False):
         if self.observer is not None:
             self.observer(query, key, value)
+        emulate = emulate and (self.backend == "torch" or not (query.is_cuda or self.allow_cpu))
         out, self.last_attention_route, self.last_attention_emulated = attend(
             query, key, value, self.attention_route, allow_cpu=self.allow_cpu, emulate=emulate)
         out = attn.to_out[1](attn.to_out[0](out))

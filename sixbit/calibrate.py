@@ -132,7 +132,7 @@ def _default_call(pipe) -> dict[str, Any]:
 def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float | None:
     """Relative error of the 8-bit attention (kernel, or its emulation) against SDPA on ``[B, H, S, D]``
     q/k/v; None where neither runs (head dim, GPU capability)."""
-    got = attention_mod.fp8_attention(q, k, v, emulate=True)
+    got = attention_mod.fp8_attention(q, k, v, emulate=not q.is_cuda)
     if got is None:
         return None
     B, H, S, D = q.shape
