@@ -38,6 +38,26 @@ from pathlib import Path
 for _name in ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
+
+
+def triton_cache_dir(env=os.environ, data: Path = Path("/data")) -> str | None:
+    """Point Triton's kernel cache at a folder that survives app restarts, unless the user set
+    ``TRITON_CACHE_DIR``: ``/data/sixbit/triton`` where ``/data`` is writable (Hugging Face Spaces'
+    persistent storage), else ``~/.cache/sixbit/triton``. Returns the folder set (None: left alone)."""
+    if env.get("TRITON_CACHE_DIR"):
+        return None
+    base = data if data.is_dir() and os.access(data, os.W_OK) else Path.home() / ".cache"
+    folder = base / "sixbit" / "triton"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    env["TRITON_CACHE_DIR"] = str(folder)
+    return str(folder)
+
+
+triton_cache_dir()  # before anything imports triton
+
 import gradio as gr  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -449,11 +469,29 @@ def create_app(model_id: str | None = None, *, allow_hub: bool | None = None, qu
                                 baselines=BaselineCache(8), files=FileStore(max_age_s=ttl), fps=float(fps),
                                 available_choices=host_choices())
     info = models.info(model_id)
+    compile_kernels(models.pipeline(model_id))
     defaults = models.generation_defaults(model_id)
     demo = build_demo(controller, info, defaults, example_prompts(model_id), delete_cache=(int(ttl), int(ttl)))
     size = int(queue_size if queue_size is not None else os.environ.get("SIXBIT_QUEUE_SIZE", 8))
     demo.queue(max_size=size, default_concurrency_limit=1)
     return demo, controller
+
+
+def compile_kernels(pipe) -> float | None:
+    """On a GPU, compile every kernel configuration the default preset can use before the first request
+    (``sixbit.apply`` does it: sixbit/warmup.py; Triton's cache folder keeps them across restarts) and log
+    the time; None on a CPU host."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.device(pipe.device).type != "cuda":
+        return None
+    import sixbit
+
+    handle = sixbit.apply(pipe, sixbit.SixBitConfig.preset("balanced"))
+    handle.remove()
+    LOG.info("kernels compiled in %.1f s (%d configurations; Triton cache %s)", handle.kernels_compiled_s or 0.0,
+             len(handle.kernels_compiled), os.environ.get("TRITON_CACHE_DIR", "Triton's default"))
+    return handle.kernels_compiled_s
 
 
 def host_choices() -> dict:

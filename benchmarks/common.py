@@ -36,15 +36,21 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "dmpq_tdc_stream": ("dmpq_tdc", dict(fp_weights="stream")),
                  "full_stream": ("full", dict(fp_weights="stream")),
                  "full_w8a8": ("full", dict(int8_route="w8a8")),
+                 # the method presets route attention by the policy (8-bit where predicted error ≤ τ_attn);
+                 # these rows are the same configurations with bf16 attention, for the comparison
+                 "full_bf16attn": ("full", dict(attention="bf16")),
+                 "full_w8a8_bf16attn": ("full", dict(int8_route="w8a8", attention="bf16")),
                  "full_same_skips": ("full", {})}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
-    "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR)", "w8a8_tdc": "static W8A8 + TDC",
+    "dmpq_tdc": "DMPQ+TDC, no PDR", "full": "full 6Bit (DMPQ+TDC+PDR) + 8-bit attention by policy",
+    "full_bf16attn": "full 6Bit (DMPQ+TDC+PDR) · bf16 attention",
+    "full_w8a8_bf16attn": "full 6Bit · INT8 decisions on W8A8 · bf16 attention", "w8a8_tdc": "static W8A8 + TDC",
     "dmpq_tdc_stream": "DMPQ+TDC, no PDR · FP16 weights streamed",
     "full_stream": "full 6Bit · FP16 weights streamed",
     "full_same_skips": "full 6Bit · DMPQ+TDC's skips replayed (PDR's effect alone)",
-    "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies)",
+    "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies) + 8-bit attention by policy",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }
 
@@ -163,7 +169,8 @@ def random_cogvideox(size: str, device, dtype=torch.bfloat16, *, text_encoder: b
     tiny = size == "tiny"
     with torch.device(device):
         if tiny:
-            tr = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, num_layers=3,
+            # head dim 32: the smallest the 8-bit attention takes (its route is exercised on the CPU too)
+            tr = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=32, num_layers=3,
                                              text_embed_dim=32, time_embed_dim=16, sample_height=8, sample_width=8,
                                              sample_frames=9, max_text_seq_length=16, in_channels=4, out_channels=4,
                                              use_rotary_positional_embeddings=True)

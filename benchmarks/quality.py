@@ -36,8 +36,8 @@ from benchmarks.common import (
 )
 
 #: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
-QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "full_same_skips",
-                   "dmpq_tdc_stream", "full_stream")
+QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full_bf16attn", "full",
+                   "full_same_skips", "dmpq_tdc_stream", "full_stream")
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)
@@ -105,7 +105,7 @@ def quality(args) -> dict:
                         rec.update(psnr=m["psnr_db"], ssim=m["ssim"], flow_error=m["flow_error"])
                         summ = handle.trace.summary()
                         rec.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
-                                   pdr_count=summ["pdr_count"])
+                                   pdr_count=summ["pdr_count"], attention_fp8=summ["attention_fp8_fraction"])
                         if cfg_name == "full" and schedule is None:
                             schedule = handle.trace.skip_schedule()
                         if cfg_name in skips:
@@ -122,7 +122,7 @@ def quality(args) -> dict:
                 handle.remove()
 
     metrics = ("psnr", "ssim", "flow_error", "flow_score", "flicker", "adherence", "avg_act_bits", "skip_fraction",
-               "pdr_count", "time_s")
+               "pdr_count", "attention_fp8", "time_s")
     summary = {c: {m: stats([r.get(m) for r in rows[c]]) for m in metrics} for c in configs}
     env = environment(device, args.command)
     payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "tdc_overrides": overrides,
@@ -140,15 +140,17 @@ def quality(args) -> dict:
           "the same prompt and seed (PSNR of identical videos is ∞ and is left out of the mean). Adherence is "
           "sixbit-mini's classical-CV judge (colour, shape, motion), in %. Full-precision steps (warm-up, PDR) use "
           "4-bit weights × 16-bit activations (the default `fp_weights=\"cpu\"`), except in the rows marked "
-          "*FP16 weights streamed* (`fp_weights=\"stream\"`: the original weights, copied from host memory).", "",
+          "*FP16 weights streamed* (`fp_weights=\"stream\"`: the original weights, copied from host memory). "
+          "*8-bit attention*: the fraction of computed block evaluations whose attention ran 8-bit (the method "
+          "presets route it by the policy; on the CPU it is the torch emulation of the kernel's numerics).", "",
           "| configuration | PSNR dB ↑ | SSIM ↑ | flow err ↓ | flow score | flicker | adherence % | act bits | "
-          "skipped | PDR / run | time s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "skipped | PDR / run | 8-bit attention | time s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in configs:
         s = summary[c]
         md.append(f"| {LABELS[c]} | {fmt_stats(s['psnr'])} | {fmt_stats(s['ssim'], 3)} | {fmt_stats(s['flow_error'], 3)} | "
                   f"{fmt_stats(s['flow_score'], 3)} | {fmt_stats(s['flicker'], 4)} | {fmt_stats(s['adherence'], 1)} | "
                   f"{fmt_stats(s['avg_act_bits'])} | {fmt_stats(s['skip_fraction'])} | {fmt_stats(s['pdr_count'], 1)} | "
-                  f"{fmt_stats(s['time_s'])} |")
+                  f"{fmt_stats(s['attention_fp8'])} | {fmt_stats(s['time_s'])} |")
     md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items())
            + (("; TDC overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())) if overrides else "")
            + (f"; PDR ρ override: {args.pdr_rho}" if pdr_over else ""),

@@ -6,8 +6,13 @@ diffusers baseline and each configuration, all in one run, timed over the denois
 bytes. Random weights make TDC's and DMPQ's own decisions meaningless, so the configurations with TDC
 replay the schedule recorded on sixbit-mini with the full method (``--schedule``, written by
 ``python -m benchmarks quality``; or ``--record-schedule`` first) — which blocks were skipped and, for DMPQ
-configurations, each computed block's routes (NVFP4/INT8/16-bit) — resampled to the model's depth and step
-count; the tables say so. Whole-pipeline memory (text encoder + transformer + VAE decode) is
+configurations, each computed block's routes (NVFP4/INT8/16-bit) and attention route (8-bit or bf16;
+schedule format 3) — resampled to the model's depth and step count; the tables say so. The method rows
+(``full``, ``full_w8a8``) route attention by the policy, which on random weights means the replayed
+routes (a schedule without attention routes: bf16 everywhere, said in the table); ``full_bf16attn`` and
+``full_w8a8_bf16attn`` are the same rows with bf16 attention, so one run gives the attention's share.
+``sixbit.apply`` compiles every kernel configuration first (``kernels_compiled_s``, sixbit/warmup.py),
+and the identical untimed warm-up loop then meets every route, attention route and shape once more. Whole-pipeline memory (text encoder + transformer + VAE decode) is
 ``python -m benchmarks memory``. ``--render FILE`` re-renders the markdown of a result JSON.
 """
 
@@ -40,7 +45,7 @@ from benchmarks.common import (
 )
 
 SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc",
-                 "full_stream", "full_w8a8")
+                 "full_stream", "full_w8a8", "full_bf16attn", "full_w8a8_bf16attn")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
 #: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
 #: from that engineering's
@@ -115,7 +120,8 @@ def speed(args) -> dict:
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
     results["schedule"] = {"path": args.schedule, "source": sched.source if sched else None,
                            "skip_fraction": sched.skip_fraction if sched else None,
-                           "route_fractions": sched.route_fractions if sched else None}
+                           "route_fractions": sched.route_fractions if sched else None,
+                           "attention_fp8_fraction": sched.attention_fp8_fraction if sched else None}
     for size in args.sizes:
         t_build = time.perf_counter()
         pipe = random_cogvideox(size, device, dtype, text_encoder=True)
@@ -143,6 +149,7 @@ def speed(args) -> dict:
                                           if use_sched else None)
                     entry["schedule_replayed"] = bool(use_sched)
                     entry["compute_path"] = handle.trace.to_dict().get("compute_path")
+                    entry["kernels_compiled_s"] = handle.kernels_compiled_s
                 # warm-up (Triton compilation, the kernels' load-time self-check, cuDNN plans): an
                 # identical untimed loop, so every route × shape the timed loop meets has run once
                 t_warm = time.perf_counter()
@@ -161,6 +168,7 @@ def speed(args) -> dict:
                     summ = handle.trace.summary()
                     entry.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
                                  pdr_count=summ["pdr_count"], route_counts=summ["route_counts"],
+                                 attention_fp8=summ["attention_fp8_fraction"],
                                  memory=handle.memory(), warnings=handle.warnings[:5])
             except Exception as e:  # keep going: one failing configuration must not lose the others
                 import traceback
@@ -221,11 +229,23 @@ def _route_note(sched: dict | None) -> str:
                                         for r in ("nvfp4", "int8", "fp16")) + " of the linear evaluations")
 
 
+def _attention_note(sched: dict | None) -> str:
+    fr = (sched or {}).get("attention_fp8_fraction")
+    if fr is None:
+        return ("This schedule records no attention routes (format < 3): every attention runs bf16, so the "
+                "*8-bit attn* column is 0 % and the `*_bf16attn` rows equal their pairs.")
+    return f"The schedule's attention routes: {fr:.0%} of the computed block evaluations 8-bit (replayed)."
+
+
 def _check_cell(check: dict | None) -> str:
     if not check:
         return "—"
     bad = check["outliers"]
     return f"{check['worst']:.2f}" + (f" ⚠ {len(bad)} step(s) > {check['ratio']}×" if bad else "")
+
+
+def _fmt_s(v) -> str:
+    return "—" if v is None else f"{v:.1f}"
 
 
 def render(results: dict, out: Path, name: str | None) -> None:
@@ -241,27 +261,29 @@ def render(results: dict, out: Path, name: str | None) -> None:
           "whole pipeline resident (the T5-XXL text encoder alone is 9.5 GB in bf16); TDC keeps one cached Δ per "
           "block and token stream, which is why configurations with TDC peak higher. *transformer weights* are "
           "the bytes the transformer keeps on the device: packed 4/8-bit weights plus the layers that stay 16-bit "
-          "(embedders, norms, and by default the modulation linears).", ""]
+          "(embedders, norms, and by default the modulation linears). *8-bit attn*: share of computed block "
+          "evaluations whose attention ran the FP8 kernel. " + _attention_note(results.get("schedule")), ""]
     for size, rec in results["models"].items():
         base = rec["configs"].get("bf16", {}).get("denoise_s")
         c = rec.get("call", {})
         md += [f"## CogVideoX-{size.upper()} — {c.get('num_frames')} frames {c.get('height')}×{c.get('width')}, "
                f"{rec['steps']} steps, {rec['transformer_params'] / 1e9:.2f} B transformer parameters", "",
-               "| configuration | denoise s | median step ms | speed-up | skipped | act bits | peak GiB | "
-               "transformer weights GiB | slowest step ÷ its kind's median | path |",
-               "|---|---|---|---|---|---|---|---|---|---|"]
+               "| configuration | denoise s | median step ms | speed-up | skipped | act bits | 8-bit attn | peak GiB | "
+               "transformer weights GiB | slowest step ÷ its kind's median | kernels compiled s | path |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         bf16_w = rec["transformer_weight_bytes_bf16"]
         for e in rec["configs"].values():
             if "error" in e:
-                md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | | |")
+                md.append(f"| {e['label']} | error: {e['error'][:80]} | | | | | | | | | | |")
                 continue
             sp = f"{base / e['denoise_s']:.2f}×" if base else "—"
             wb = resident_weight_bytes(e, rec)
             md.append(f"| {e['label']}{' (replayed schedule)' if e.get('schedule_replayed') else ''} | "
                       f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
                       f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
-                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
+                      f"{e.get('attention_fp8', 0):.0%} | {e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
                       f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | {_check_cell(e.get('step_check'))} | "
+                      f"{_fmt_s(e.get('kernels_compiled_s'))} | "
                       f"{e.get('compute_path', 'torch bf16')} |")
         md.append("")
     md += [env_md(env), ""]

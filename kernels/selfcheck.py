@@ -17,6 +17,10 @@ against the torch reference of the same route on the same input — the kernels'
 fused rotation (docs/KERNELS.md); a wrong kernel misses by orders of magnitude. Outlier counts must match
 within ``max(2, 1 %)`` (elements within an ulp of the threshold may differ).
 
+On a GPU, ``sixbit.apply`` makes these first calls itself (``sixbit/warmup.py``: every route, layer shape,
+statistics kernel and attention route the run can reach, once, on a small problem), so the checks — and
+the Triton compiles they trigger — happen before the first step instead of inside it.
+
 What ran is visible: :func:`status` (every key's implementation and the failures) and
 ``ops.compute_path(device)``, which names the variant and any fallback. CPU tensors run the torch
 reference unless :func:`interpreter_dispatch` opts them into the checked Triton routes (triton's

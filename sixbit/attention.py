@@ -23,6 +23,15 @@ block and per step by assigning ``processor.attention_route`` before the block r
 sm_89, an unsupported head dim, an attention mask) the call falls back to SDPA; ``last_attention_route``
 records what actually ran, for the trace. The 8-bit route writes its output straight into the
 ``[B, S, H·D]`` layout ``to_out`` reads, so the transpose copy after SDPA disappears too.
+
+Emulation (for quality on the CPU): where the kernel cannot run because the tensors are on the CPU (no
+interpreter) or ``backend="torch"``, the ``"fp8"`` route runs ``formats.attention_fp8_reference`` — the
+numerics module's spec of exactly what the kernel computes — on q/k/v built as diffusers builds them
+(torch LayerNorm, diffusers' rotary code); ``last_attention_route`` is then ``"fp8"`` and
+``last_attention_emulated`` True (the trace's blocks say so, and on a GPU its compute path:
+:func:`label_emulation`; on the CPU ``cpu-reference`` already means every low-bit route is emulated). A GPU below sm_89 or an attention mask
+still falls back to SDPA. ``observer`` (optional ``fn(q, k, v)``, calibration) sees every call's
+``[B, H, S, D]`` q/k/v, the block's own, right before the attention.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ATTENTION_ROUTES", "FusedQKNormRopeProcessor", "attend", "fp8_supported", "install", "set_attention_route",
-           "uninstall"]
+__all__ = ["ATTENTION_ROUTES", "FusedQKNormRopeProcessor", "attend", "fp8_attention", "fp8_supported", "install",
+           "set_attention_route", "uninstall", "block_processors", "label_emulation", "EMULATED_PATH"]
 
 #: "bf16": SDPA in the model dtype (diffusers' own); "fp8": the 8-bit attention kernel
 ATTENTION_ROUTES = ("bf16", "fp8")
@@ -56,18 +65,43 @@ def fp8_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, allow_cp
     return _fp8_module().supported(q, k, v)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: str, *, allow_cpu: bool = False) -> tuple[torch.Tensor, str]:
+def _emulable(q, k, v, emulate: bool) -> bool:
+    return emulate and (not q.is_cuda or torch.cuda.get_device_capability(q.device) >= (8, 9)) \
+        and _fp8_module().supported(q, k, v)
+
+
+def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, allow_cpu: bool = False,
+                  emulate: bool = False) -> tuple[torch.Tensor, str] | None:
+    """8-bit attention of ``[B, H, S, D]`` q/k/v as ``[B, S, H·D]`` in q's dtype, and how it ran (``"kernel"``
+    or ``"emulated"``: ``formats.attention_fp8_reference``, instead of the kernel with ``emulate``); None
+    where neither runs."""
+    B, H, S, D = q.shape
+    if not emulate and fp8_supported(q, k, v, allow_cpu=allow_cpu):
+        buf = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
+        _fp8_module().fp8_attention(q, k, v, out=buf.transpose(1, 2))
+        return buf.view(B, S, H * D), "kernel"
+    if not _emulable(q, k, v, emulate):
+        return None
+    from sixbit.formats import attention_fp8_reference
+
+    out = attention_fp8_reference(q, k, v, block_n=_fp8_module().CONFIGS[D][1]).to(q.dtype)
+    return out.transpose(1, 2).reshape(B, S, H * D), "emulated"
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: str, *, allow_cpu: bool = False,
+           emulate: bool = False) -> tuple[torch.Tensor, str, bool]:
     """Joint attention of ``[B, H, S, D]`` q/k/v on ``route``; returns (``[B, S, H·D]`` output, the route that
-    ran). ``"fp8"`` falls back to ``"bf16"`` where :func:`fp8_supported` says no."""
+    ran, whether it was the emulation). ``"fp8"`` falls back to ``"bf16"`` where :func:`fp8_attention`
+    cannot run."""
     if route not in ATTENTION_ROUTES:
         raise ValueError(f"attention_route must be one of {ATTENTION_ROUTES}, got {route!r}")
     B, H, S, D = q.shape
-    if route == "fp8" and fp8_supported(q, k, v, allow_cpu=allow_cpu):
-        buf = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
-        _fp8_module().fp8_attention(q, k, v, out=buf.transpose(1, 2))
-        return buf.view(B, S, H * D), "fp8"
+    if route == "fp8":
+        got = fp8_attention(q, k, v, allow_cpu=allow_cpu, emulate=emulate)
+        if got is not None:
+            return got[0], "fp8", got[1] == "emulated"
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
-    return out.transpose(1, 2).reshape(B, S, H * D), "bf16"
+    return out.transpose(1, 2).reshape(B, S, H * D), "bf16", False
 
 
 def _cogvideox_processor_type():
@@ -97,6 +131,8 @@ class FusedQKNormRopeProcessor:
         self.allow_cpu = allow_cpu
         self.attention_route = attention_route
         self.last_attention_route: str | None = None
+        self.last_attention_emulated = False
+        self.observer = None
 
     def _fast(self, attn, x: torch.Tensor, attention_mask, rope) -> bool:
         if self.backend == "torch" or attention_mask is not None:
@@ -120,11 +156,40 @@ class FusedQKNormRopeProcessor:
         r = None if rope is None else (rope[0], rope[1], start)
         return k.layer_norm_rows(t, norm.weight, norm.bias, norm.eps, rope=r)
 
+    def _emulates(self, attn, x: torch.Tensor, attention_mask) -> bool:
+        """The torch path with q/k/v in hand: the 8-bit route's emulation, or an observer to feed."""
+        if attention_mask is not None or attn.norm_q is None or attn.norm_k is None:
+            return False
+        return (self.attention_route == "fp8" and (self.backend == "torch" or not x.is_cuda)) \
+            or self.observer is not None
+
+    def _torch_qkv(self, attn, hidden_states, text_len, rope):
+        """q, k, v ``[B, H, S, D]`` exactly as ``CogVideoXAttnProcessor2_0`` builds them."""
+        batch = hidden_states.size(0)
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        head_dim = k.shape[-1] // attn.heads
+        q, k, v = (t.view(batch, -1, attn.heads, head_dim).transpose(1, 2) for t in (q, k, v))
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        if rope is not None:
+            from diffusers.models.embeddings import apply_rotary_emb
+
+            q[:, :, text_len:] = apply_rotary_emb(q[:, :, text_len:], rope)
+            if not attn.is_cross_attention:
+                k[:, :, text_len:] = apply_rotary_emb(k[:, :, text_len:], rope)
+        return q, k, v
+
     def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                  attention_mask: torch.Tensor | None = None,
                  image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         self.last_attention_route = None
-        if not self._fast(attn, hidden_states, attention_mask, image_rotary_emb):
+        self.last_attention_emulated = False
+        fast = self._fast(attn, hidden_states, attention_mask, image_rotary_emb)
+        if not fast and self._emulates(attn, hidden_states, attention_mask):
+            text_len = encoder_hidden_states.size(1)
+            joint = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+            q, k, v = self._torch_qkv(attn, joint, text_len, image_rotary_emb)
+            return self._finish(attn, q, k, v, text_len, emulate=True)
+        if not fast:
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask=attention_mask,
                                  image_rotary_emb=image_rotary_emb)
         text_len = encoder_hidden_states.size(1)
@@ -148,13 +213,35 @@ class FusedQKNormRopeProcessor:
         query = self._norm_rope(query, attn.norm_q, image_rotary_emb, text_len)
         key = self._norm_rope(key, attn.norm_k, None if attn.is_cross_attention else image_rotary_emb, text_len)
         value = value.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
-        route = self.attention_route
-        if route == "fp8" and self.backend == "torch":
-            route = "bf16"
-        out, self.last_attention_route = attend(query, key, value, route, allow_cpu=self.allow_cpu)
+        return self._finish(attn, query, key, value, text_len)
+
+    def _finish(self, attn, query, key, value, text_len: int, emulate: bool = False):
+        if self.observer is not None:
+            self.observer(query, key, value)
+        emulate = emulate and (self.backend == "torch" or not (query.is_cuda or self.allow_cpu))
+        out, self.last_attention_route, self.last_attention_emulated = attend(
+            query, key, value, self.attention_route, allow_cpu=self.allow_cpu, emulate=emulate)
         out = attn.to_out[1](attn.to_out[0](out))
         encoder_hidden_states, hidden_states = out.split([text_len, out.size(1) - text_len], dim=1)
         return hidden_states, encoder_hidden_states
+
+
+#: the compute-path part that says a GPU run's 8-bit attention was the torch emulation (backend="torch")
+EMULATED_PATH = "attention-fp8-emulated"
+
+
+def label_emulation(path: str, device, emulated: bool) -> str:
+    """``ops.compute_path``'s string with :data:`EMULATED_PATH` joined to its head when a CUDA run emulated
+    the 8-bit attention (on the CPU, ``cpu-reference`` already says that every low-bit route is emulated)."""
+    if not emulated or torch.device(device).type != "cuda":
+        return path
+    head, sep, rest = path.partition("; ")
+    return f"{head} + {EMULATED_PATH}{sep}{rest}"
+
+
+def block_processors(block: nn.Module) -> list[FusedQKNormRopeProcessor]:
+    """The :class:`FusedQKNormRopeProcessor`\\ s installed in ``block`` (what the block hook routes)."""
+    return [m.processor for m in block.modules() if isinstance(getattr(m, "processor", None), FusedQKNormRopeProcessor)]
 
 
 def set_attention_route(installed: list[tuple[nn.Module, object]], route: str) -> None:

@@ -21,6 +21,14 @@ input streams (elements beyond k_σ · token RMS, k_σ from the default config);
 percentile (``sixbit.pdr.POLICY_RHO_QUANTILE``) as ``pdr.rho``, so PDR fires on about one check in twenty
 of this model's inputs. The inputs here are those of the full-precision run.
 
+8-bit attention: a ``FusedQKNormRopeProcessor`` observer (``sixbit.attention``) sees each block's own q/k/v
+at every step and measures ``formats.relative_error(fp8_attention(q, k, v), sdpa(q, k, v))`` — the kernel on
+a GPU, its torch emulation (``formats.attention_fp8_reference``) on the CPU. Per block, least squares
+against Γ_{b,t−1} gives α_attn, β_attn (the same line as the linears'); τ_attn(f) is the f-quantile of the
+fitted predictions (a fraction f of the calibration samples at or under it), stored for
+``--attention-target`` and as a τ-for-fraction table (0 … 1). CogVideoX only (other models: no attention
+fits, their attention stays bf16).
+
 τ: with E_hat the fitted predictions over the calibration samples, a fraction f of INT8 decisions gives
 4.5·(1−f) + 8·f average activation bits; τ(bits) is the (1−f)-quantile of E_hat. The policy stores τ for
 ``--target-bits`` and a τ-for-bits table (4.5 … 8.0) so the config can move the target without
@@ -40,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
+from sixbit import attention as attention_mod
 from sixbit import pdr as pdr_rule
 from sixbit.config import SixBitConfig
 from sixbit.formats import relative_error
@@ -51,6 +61,7 @@ from sixbit.routes import BITS, INT8, NVFP4
 __all__ = ["calibrate", "fit_line", "read_prompts", "main", "report_markdown", "transformer_fingerprint"]
 
 BITS_GRID = [BITS[NVFP4] + 0.25 * k for k in range(15)]  # 4.5 … 8.0
+FRACTION_GRID = [0.1 * k for k in range(11)]  # 8-bit attention fraction 0 … 1
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float | None, float, float]:
@@ -118,9 +129,39 @@ def _default_call(pipe) -> dict[str, Any]:
     return kw
 
 
+def attention_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float | None:
+    """Relative error of the 8-bit attention (kernel, or its emulation) against SDPA on ``[B, H, S, D]``
+    q/k/v; None where neither runs (head dim, GPU capability)."""
+    got = attention_mod.fp8_attention(q, k, v, emulate=not q.is_cuda)
+    if got is None:
+        return None
+    B, H, S, D = q.shape
+    ref = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, S, H * D)
+    return float(relative_error(got[0], ref))
+
+
+def _fit_attention(xs: dict[int, list[float]], ys: dict[int, list[float]], block_names: list[str],
+                   target: float) -> tuple[dict[str, LinearFit], float | None, dict[float, float], list[dict]]:
+    """Per-block lines of the 8-bit attention's error, τ_attn at ``target`` and the τ-for-fraction table."""
+    fits, rows, preds = {}, [], []
+    for b, name in enumerate(block_names):
+        if not xs.get(b):
+            continue
+        a, c, r2, _, _ = fit_line(xs[b], ys[b])
+        fits[name] = LinearFit(alpha=a, beta=c, r2=r2, n=len(xs[b]))
+        preds += [a * g + c for g in xs[b]]
+        rows.append({"name": name, "alpha": a, "beta": c, "r2": r2, "n": len(xs[b]),
+                     "mean_err": sum(ys[b]) / len(ys[b]), "max_err": max(ys[b])})
+    if not preds:
+        return {}, None, {}, rows
+    table = {f: _quantile(preds, f) for f in FRACTION_GRID}
+    return fits, _quantile(preds, target), table, rows
+
+
 def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, target_bits: float = 6.0,
               hadamard_block: int = 64, negative_prompt: str = "", call_kwargs: dict | None = None,
-              model_name: str | None = None, log=None, fingerprint: str | None = None) -> tuple[Policy, dict[str, Any]]:
+              model_name: str | None = None, log=None, fingerprint: str | None = None,
+              attention_target: float = 0.75) -> tuple[Policy, dict[str, Any]]:
     """Calibrate on ``pipe`` (see the module docstring). Returns (policy, report). ``fingerprint``: the
     transformer weights' sha256 when the caller already took it (else it is computed here)."""
     from sixbit.engine import apply
@@ -159,6 +200,21 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
 
     pre_hooks = [blk.register_forward_pre_hook(block_observer, with_kwargs=True)
                  for _, blk in handle.adapter.blocks(handle.transformer)]
+    attn_errs: dict[tuple, float] = {}
+
+    def attention_observer(b):
+        def obs(q, k, v):
+            cur = handle.current
+            e = None if cur is None else attention_error(q, k, v)
+            if e is not None:
+                attn_errs[(cur[0], cur[1], b)] = e
+        return obs
+
+    for b, hook in enumerate(handle.block_hooks):
+        for proc in hook.attn_procs:
+            proc.observer = attention_observer(b)
+    ax: dict[int, list[float]] = {}
+    ay: dict[int, list[float]] = {}
     xs: list[list[float]] = [[] for _ in names]
     ys: list[list[float]] = [[] for _ in names]
     e8s: list[list[float]] = [[] for _ in names]
@@ -167,6 +223,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
     try:
         for run_id, prompt in enumerate(prompts):
             errs.clear()
+            attn_errs.clear()
             gen = torch.Generator(device="cpu").manual_seed(seed + run_id)
             pipe(prompt, negative_prompt=negative_prompt, num_inference_steps=steps, generator=gen, **call)
             trace = handle.trace
@@ -181,6 +238,11 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
                 xs[j].append(prev[block_of[j]])
                 ys[j].append(float(e4))
                 e8s[j].append(float(e8))
+            for (br, t, b), e in attn_errs.items():
+                prev = gammas.get((br, t - 1))
+                if t >= 1 and prev is not None and prev[b] is not None:
+                    ax.setdefault(b, []).append(prev[b])
+                    ay.setdefault(b, []).append(e)
             if log:
                 log(f"prompt {run_id + 1}/{len(prompts)} done ({time.perf_counter() - t_start:.1f}s): {prompt!r}")
     finally:
@@ -210,6 +272,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
     tau = _quantile(preds, 1.0 - bits_to_int8_fraction(target_bits))
     frac = sum(p > tau for p in preds) / len(preds)
     rho = _quantile(ratios, pdr_rule.POLICY_RHO_QUANTILE) if ratios else None
+    att_fits, att_tau, att_table, att_rows = _fit_attention(ax, ay, handle.block_names, attention_target)
     meta = {
         "prompts": prompts, "steps": steps, "seed": seed, "negative_prompt": negative_prompt,
         "call_kwargs": {k: v for k, v in call.items() if isinstance(v, (int, float, str, bool))},
@@ -224,10 +287,13 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
                     target_bits=target_bits, tau_table=tau_table, hadamard_block=hadamard_block,
                     r2_overall=r2_pooled, meta=meta, pdr_rho=rho,
                     pdr_k_sigma=pdr_cfg.pdr_k_sigma if rho is not None else None,
-                    pdr_quantile=pdr_rule.POLICY_RHO_QUANTILE if rho is not None else None, pdr_n=len(ratios))
+                    pdr_quantile=pdr_rule.POLICY_RHO_QUANTILE if rho is not None else None, pdr_n=len(ratios),
+                    attention=att_fits, attention_tau=att_tau, attention_target=attention_target if att_fits else None,
+                    attention_tau_table=att_table)
     report = {"model": policy.model, "layers": layers, "r2_overall": r2_pooled, "r2_global_line": r2_global, "tau": tau,
               "target_bits": target_bits, "tau_table": tau_table, "pdr_rho": rho, "pdr_n": len(ratios),
-              "pdr_k_sigma": pdr_cfg.pdr_k_sigma, **meta}
+              "pdr_k_sigma": pdr_cfg.pdr_k_sigma, "attention": att_rows, "attention_tau": att_tau,
+              "attention_target": attention_target, **meta}
     return policy, report
 
 
@@ -257,6 +323,9 @@ def report_markdown(report: dict[str, Any], command: str | None = None) -> str:
             f"(k_σ = {report['pdr_k_sigma']:g}; 5 / 50 / 99 %: "
             + " / ".join(f"{qs.get(k, float('nan')):.2e}" for k in ("0.05", "0.5", "0.99")) + ")"
         )
+    if report.get("attention"):
+        lines.append(f"- 8-bit attention: τ_attn = {f(report['attention_tau'], 5)} for {report['attention_target']:g} "
+                     f"of the calibration samples in 8-bit ({len(report['attention'])} blocks)")
     if command:
         lines += [f"- command: `{command}`"]
     lines += ["", "| layer | α | β | R² | n | mean E (NVFP4) | mean E (INT8) | Γ range |", "|---|---|---|---|---|---|---|---|"]
@@ -266,6 +335,11 @@ def report_markdown(report: dict[str, Any], command: str | None = None) -> str:
             f"{f(layer['mean_err_nvfp4'])} | {f(layer['mean_err_int8'])} | "
             f"{f(layer['gamma_min'], 3)}–{f(layer['gamma_max'], 3)} |"
         )
+    if report.get("attention"):
+        lines += ["", "| block attention | α | β | R² | n | mean E (8-bit) | max E |", "|---|---|---|---|---|---|---|"]
+        for a in report["attention"]:
+            lines.append(f"| {a['name']} | {f(a['alpha'])} | {f(a['beta'])} | {f(a['r2'], 3)} | {a['n']} | "
+                         f"{f(a['mean_err'])} | {f(a['max_err'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -284,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--negative-prompt", default="")
     ap.add_argument("--target-bits", type=float, default=6.0)
     ap.add_argument("--hadamard-block", type=int, default=64)
+    ap.add_argument("--attention-target", type=float, default=0.75,
+                    help="fraction of the calibration samples whose attention τ_attn lets run 8-bit")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: per device)")
     args = ap.parse_args(argv)
@@ -303,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         pipe, prompts, steps=args.steps, seed=args.seed, target_bits=args.target_bits,
         hadamard_block=args.hadamard_block, negative_prompt=args.negative_prompt, call_kwargs=call,
         model_name=args.model or "sixbit-mini", log=lambda s: print(s, file=sys.stderr), fingerprint=before,
+        attention_target=args.attention_target,
     )
     if before != transformer_fingerprint(model_path):
         print(f"error: the weights in {model_path} changed while calibrating; nothing written", file=sys.stderr)

@@ -21,6 +21,10 @@ w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activat
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
 ==============  ===========  =====  =====  ===============================================
 
+Attention: the DMPQ presets (balanced/full, aggressive, dmpq_only, dmpq_tdc, full_paper) route each block's
+attention by the policy (``attention="policy"``: 8-bit where its predicted error is at most τ_attn); the
+static baselines, ``off``/``fp16``, ``tdc_only`` and ``tdc_paper`` keep bf16 attention.
+
 Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benchmark's videos, docs/ENGINE.md
 "Defaults"; TDC's mode and probe threshold from ``benchmarks/results/tdc_curves_mini_20*``, docs/TDC.md):
 ``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
@@ -145,6 +149,31 @@ class SixBitConfig:
         choices=("fp", "nvfp4"),
         label="Embedder weights",
     )
+    # --- 8-bit attention: per block and step, like the linears (sixbit.dmpq.attention_route) -----------
+    attention: str = _f(
+        "policy",
+        "Attention precision of each computed block: 'policy' = 8-bit (FP8 e4m3, docs/ATTENTION.md) where the "
+        "policy predicts its error E_attn = α_attn·Γ + β_attn ≤ τ_attn, else bf16 (warm-up, PDR and after-skip "
+        "steps run bf16; a policy without attention fits runs bf16); 'fp8' = 8-bit on every computed block "
+        "except warm-up and PDR steps; 'bf16' = never. CogVideoX only (sixbit's attention processor, "
+        "fast_qk_norm); on the CPU the 8-bit route is a torch emulation of the kernel's numerics.",
+        choices=("bf16", "policy", "fp8"),
+        label="Attention",
+    )
+    attention_target: float | None = _f(
+        0.75,
+        "Fraction of computed blocks' attentions the policy aims to run in 8-bit; τ_attn is read from the "
+        "policy's calibrated τ-for-fraction table. Ignored when 'tau_attn' is set.",
+        min=0.0, max=1.0,
+        label="Target 8-bit attention fraction",
+    )
+    tau_attn: float | None = _f(
+        None,
+        "Threshold on the predicted relative error of the 8-bit attention: a block's attention runs 8-bit when "
+        "E_attn ≤ τ_attn. Empty = from the policy (see attention_target).",
+        min=0.0,
+        label="τ_attn (attention error threshold)",
+    )
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
     tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.", label="Temporal Delta Cache")
     tdc_threshold: float = _f(
@@ -227,6 +256,13 @@ class SixBitConfig:
         "instead of LayerNorm, multiply, add, concatenation and quantize: 0.66 → 0.35 ms per call on the H200 "
         "at 2B). Same codes up to rare one-step flips. No effect on the CPU or other routes.",
         label="Quantize fused into the norm (CUDA, INT8 routes)",
+    )
+    precompile: bool = _f(
+        True,
+        "Engineering, not the method: on a GPU, sixbit.apply compiles and self-checks every Triton kernel "
+        "configuration the run can use, once, on small problems (sixbit/warmup.py; the time is in "
+        "handle.kernels_compiled_s and the trace), so no step of the run or of a user's first video compiles.",
+        label="Compile kernels at apply (GPU)",
     )
     trace_linear_outliers: bool = _f(
         False, "Record each layer's input outlier ratio in the trace (counted by the quantize kernels, no extra "
@@ -313,16 +349,16 @@ def _validate(cfg: SixBitConfig) -> None:
             raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
 
 
-_STATIC = dict(tdc=False, pdr=False, warmup_steps=0)
+_STATIC = dict(tdc=False, pdr=False, warmup_steps=0, attention="bf16")
 PRESETS: dict[str, dict[str, Any]] = {
-    "off": dict(quant="off", tdc=False, pdr=False),
-    "fp16": dict(quant="off", tdc=False, pdr=False),
+    "off": dict(quant="off", tdc=False, pdr=False, attention="bf16"),
+    "fp16": dict(quant="off", tdc=False, pdr=False, attention="bf16"),
     "balanced": dict(),
     "full": dict(),
     "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
-    "tdc_only": dict(quant="off", pdr=False),
-    "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last"),
+    "tdc_only": dict(quant="off", pdr=False, attention="bf16"),
+    "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
     "w4a4": dict(quant="w4a4", **_STATIC),

@@ -22,6 +22,14 @@ are ~99 % of the rows (17,550 of 17,776 at 49×480×720) and Wan's blocks do not
 the text stream's change is dominated by the same attention output. Including it would make Γ depend
 on the prompt length more than on the denoising state.
 
+The block's attention has its own route (:func:`attention_route`, ``SixBitConfig.attention``): with
+``"policy"`` the policy predicts the 8-bit attention's relative error ``E_attn = α_attn·Γ + β_attn`` per
+block and the attention runs ``"fp8"`` when ``E_attn ≤ τ_attn``, ``"bf16"`` otherwise (the linears' rule
+mirrored: at most τ takes the fewer bits); every full-precision step (quantization off, warm-up, PDR), a
+block without a fresh Γ (the first computed step after a skip, or before any Γ) and a block without an
+attention fit run ``"bf16"``; a replayed schedule's recorded route wins over the prediction. ``"fp8"``
+runs 8-bit attention on every computed block except warm-up and PDR steps; ``"bf16"`` never.
+
 Statistics are returned as tensors of additive sums (numerator, denominator), so that under context
 parallelism they can be all-reduced across ranks before the single host read the decision needs.
 """
@@ -36,7 +44,7 @@ from sixbit import pdr
 from sixbit.policy import LinearFit
 from sixbit.routes import FP16, INT8, NVFP4, STATIC
 
-__all__ = ["l1", "gamma_sums", "ratio", "Routing", "route"]
+__all__ = ["l1", "gamma_sums", "ratio", "Routing", "route", "AttentionRouting", "attention_route"]
 
 
 def l1(x: torch.Tensor) -> torch.Tensor:
@@ -91,3 +99,36 @@ def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: b
         return every(INT8, "after_skip" if skipped_last else "no_gamma")
     preds = [f.predict(gamma) for f in fits]
     return Routing("dmpq", [INT8 if e > tau else NVFP4 for e in preds], preds)
+
+
+@dataclass(frozen=True)
+class AttentionRouting:
+    """A computed block's attention decision: the route (``"fp8"``/``"bf16"``), the predicted 8-bit error
+    (None unless the policy predicted it) and why (``off``, ``full_precision``, ``replay``, ``fp8``,
+    ``no_gamma``, ``no_fit``, ``policy``)."""
+
+    route: str
+    pred_err: float | None
+    why: str
+
+
+def attention_route(cfg, routing: Routing, *, gamma: float | None = None, skipped_last: bool = False,
+                    fit: LinearFit | None = None, tau_attn: float | None = None,
+                    replayed: str | None = None) -> AttentionRouting:
+    """The attention route of a computed block whose linears were routed as ``routing`` (see the module
+    docstring). ``gamma``/``skipped_last``: as for :func:`route`; ``fit``: the block's attention line (None
+    when the policy has none); ``tau_attn``: the threshold; ``replayed``: a replayed schedule's route."""
+    if cfg.attention == "bf16":
+        return AttentionRouting("bf16", None, "off")
+    if routing.mode in ("fp", "warmup", "pdr"):
+        return AttentionRouting("bf16", None, "full_precision")
+    if replayed is not None:
+        return AttentionRouting(replayed, None, "replay")
+    if cfg.attention == "fp8":
+        return AttentionRouting("fp8", None, "fp8")
+    if gamma is None or skipped_last:
+        return AttentionRouting("bf16", None, "no_gamma")
+    if fit is None or tau_attn is None:
+        return AttentionRouting("bf16", None, "no_fit")
+    e = fit.predict(gamma)
+    return AttentionRouting("fp8" if e <= tau_attn else "bf16", e, "policy")

@@ -13,6 +13,8 @@ tear-down and holds nothing of the per-step logic:
 * **register**: one :class:`~sixbit.hooks.DenoiserHook` on the transformer and one
   :class:`~sixbit.hooks.BlockHook` per block (``diffusers.hooks.HookRegistry``); they own the method's
   per-call logic and state and write a :class:`~sixbit.hooks.Run` — the handle's ``trace`` is the run's;
+* **compile** (GPU, ``precompile``): :func:`sixbit.warmup.warm` runs every kernel configuration the run can
+  use once on a small problem (their load-time self-checks included) — ``handle.kernels_compiled_s``;
 * **memory**: :meth:`SixBitHandle.memory` reports the weight bytes;
 * **remove**: hooks, processors and the original layers go back, bit for bit.
 
@@ -33,7 +35,7 @@ import torch
 from diffusers.hooks.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from sixbit import attention, fused, pdr
+from sixbit import attention, fused, pdr, warmup
 from sixbit.adapters import Adapter, get_adapter
 from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
 from sixbit.hooks import BLOCK_HOOK, DENOISER_HOOK, BlockHook, DenoiserHook, Method, Run
@@ -168,6 +170,7 @@ class SixBitHandle:
 
         # policy: τ, ρ and the layers' fits (a calibrated policy lacking a layer fails here, before the swap)
         self.tau = _resolve_tau(cfg, policy)
+        self.tau_attn = cfg.tau_attn if cfg.tau_attn is not None else policy.attention_tau_for(cfg.attention_target)
         self.pdr_rho, self.pdr_rho_source = pdr.resolve_rho(cfg, policy)
         self.warnings += _policy_warnings(cfg, policy, self.tau, self.pdr_rho, self.pdr_rho_source)
         fits = [[policy.fit(self.linear_names[j]) for j in idx] if cfg.quant == "dmpq" else None
@@ -177,7 +180,7 @@ class SixBitHandle:
         self.modules, self.weight_only_modules, self._originals = _swap(transformer, blocks, adapter, cfg,
                                                                         self.linear_names)
         self.run = Run(self._new_trace)
-        method = Method(cfg, adapter, schedule, self.tau, self.pdr_rho)
+        method = Method(cfg, adapter, schedule, self.tau, self.pdr_rho, self.tau_attn)
         self.block_hooks = [BlockHook(b, self.run, method, idx, [self.modules[j] for j in idx] if self.modules
                                       else [], fits[b]) for b, idx in enumerate(self.block_linear_idx)]
         self.denoiser_hook = DenoiserHook(self.run, self.block_hooks, pipe=pipe, sync_timing=cfg.sync_timing)
@@ -194,8 +197,17 @@ class SixBitHandle:
             self._register(block, hook, BLOCK_HOOK)
         # engineering, not the method: q/k LayerNorm + rotary embedding in one kernel (CogVideoX, CUDA)
         self._attn_processors = attention.install(blocks, ops(), cfg.backend) if cfg.fast_qk_norm else []
+        for hook, (bname, block) in zip(self.block_hooks, blocks):  # each block's attention, routed per step
+            hook.attn_procs = attention.block_processors(block)
+            hook.attention_fit = policy.attention_fit(bname) if policy.calibrated else None
         HookRegistry.check_if_exists_or_initialize(transformer).invalidate_child_registries_cache()
         transformer._sixbit_handle = self
+        # engineering: compile every kernel configuration now, not inside a step (GPU; sixbit/warmup.py)
+        w = warmup.warm(self) if cfg.precompile else None
+        self.kernels_compiled_s = None if w is None else w.seconds
+        self.kernels_compiled = [] if w is None else w.items
+        if w is not None:
+            self.run.trace.extra["kernels_compiled_s"] = w.seconds
 
     def _register(self, module: nn.Module, hook: ModelHook, name: str) -> None:
         if not hasattr(module, "_diffusers_hook"):
@@ -210,15 +222,16 @@ class SixBitHandle:
         except StopIteration:
             device = torch.device("cpu")
         config = {**self.cfg.to_dict(), "policy_resolved": self.policy.describe(), "tau_resolved": self.tau,
-                  "pdr_rho_resolved": self.pdr_rho, "pdr_rho_source": self.pdr_rho_source,
+                  "tau_attn_resolved": self.tau_attn, "pdr_rho_resolved": self.pdr_rho, "pdr_rho_source": self.pdr_rho_source,
                   "family": self.adapter.family, "cfg_batching": self.adapter.cfg,
                   "schedule": None if self.schedule is None else self.schedule.source}
+        compiled = getattr(self, "kernels_compiled_s", None)
         return Trace(
             model=str(getattr(self.pipe, "name_or_path", "") or getattr(self.transformer.config, "_name_or_path", "")
                       or type(self.transformer).__name__),
             device=str(device), compute_path=ops().compute_path(device), config=config,
             blocks=self.block_names, linears=self.linear_names, block_linears=self.block_linear_idx,
-            extra={"weight_bytes": self.memory()},
+            extra={"weight_bytes": self.memory(), **({} if compiled is None else {"kernels_compiled_s": compiled})},
         )
 
     # -------------------------------------------------------------------------------------- public

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from diffusers.hooks.hooks import BaseState, CacheContext, ModelHook, StateManager
 
-from sixbit import dmpq, pdr, tdc
+from sixbit import attention, dmpq, pdr, tdc
 from sixbit.linear import ops
 from sixbit.routes import SKIPPED, display
 
@@ -113,6 +113,7 @@ class Method:
     schedule: tdc.SkipSchedule | None
     tau: float
     rho: float
+    tau_attn: float | None = None  # the 8-bit attention's threshold (None: no attention fits)
 
 
 # ---------------------------------------------------------------------------------------- denoiser
@@ -212,7 +213,8 @@ class DenoiserHook(ModelHook):
         run.trace.add_time(call.step, time.perf_counter() - call.t0)
         run.trace.extra["schedule_overrides"] = run.schedule_overrides
         # what really ran: the kernels' load-time self-check may have replaced a route during this step
-        run.trace.compute_path = ops().compute_path(dev)
+        run.trace.compute_path = attention.label_emulation(ops().compute_path(dev), dev,
+                                                           run.trace.extra.get("attention_fp8_emulated", False))
         if call.num_steps is not None and call.step >= call.num_steps - 1:
             # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
             # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)
@@ -288,6 +290,8 @@ class BlockHook(ModelHook):
         self.linears = linears  # this block's routed linears: indices into the trace's linear list
         self.layers = layers  # their SixBitLinear modules (none with quantization off)
         self.fits = fits  # their calibrated lines (DMPQ only)
+        self.attention_fit: LinearFit | None = None  # the block's 8-bit attention line (set by the engine)
+        self.attn_procs: list = []  # its sixbit attention processors (sixbit.attention.block_processors)
         self.state_manager = StateManager(BlockState)
 
     def new_forward(self, module, *args, **kwargs):
@@ -302,9 +306,11 @@ class BlockHook(ModelHook):
         routing, oratio = self._route(call, st, streams)
         for m, r in zip(self.layers, routing.routes):
             m.route = r
+        attn = self._route_attention(call, st, routing)
         output = self.fn_ref.original_forward(*args, **kwargs)
         decision = self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
         self._record(call, st, routing, oratio, decision)
+        self._record_attention(call, attn)
         return output
 
     def _skips(self, call: Call, st: BlockState, cached: bool) -> bool:
@@ -336,6 +342,7 @@ class BlockHook(ModelHook):
         for j in self.linears:
             call.rec.routes[j] = SKIPPED
             call.rec.pred_err[j] = None
+        call.rec.attention[self.index] = {"route": SKIPPED, "pred_err": None, "why": "skip", "emulated": False}
         return self.method.adapter.rebuild(out)
 
     def _route(self, call: Call, st: BlockState, streams) -> tuple[dmpq.Routing, float | None]:
@@ -354,6 +361,24 @@ class BlockHook(ModelHook):
                              fits=self.fits, tau=self.method.tau, outlier_ratio=oratio, rho=self.method.rho,
                              replayed=replayed)
         return routing, oratio
+
+    def _route_attention(self, call: Call, st: BlockState, routing: dmpq.Routing) -> dmpq.AttentionRouting:
+        sched = self.method.schedule
+        replayed = None if sched is None else sched.attention_route(call.branch, call.step, self.index)
+        a = dmpq.attention_route(self.method.cfg, routing, gamma=st.gamma, skipped_last=st.skipped_last,
+                                 fit=self.attention_fit, tau_attn=self.method.tau_attn, replayed=replayed)
+        for p in self.attn_procs:
+            p.attention_route = a.route
+        return a
+
+    def _record_attention(self, call: Call, a: dmpq.AttentionRouting) -> None:
+        """What ran (the processor may fall back to bf16), the prediction and why."""
+        ran = [p.last_attention_route for p in self.attn_procs if p.last_attention_route is not None]
+        emulated = any(p.last_attention_emulated for p in self.attn_procs)
+        if emulated:
+            self.run.trace.extra["attention_fp8_emulated"] = True
+        call.rec.attention[self.index] = {"route": "fp8" if "fp8" in ran else "bf16", "pred_err": a.pred_err,
+                                          "why": a.why, "emulated": emulated}
 
     def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> str:
         """Measure the computed block (Γ, its delta's change) with one read, update the cache; returns the

@@ -12,13 +12,18 @@ File format (``format: "sixbit-policy"``, ``version: 1``)::
       "r2_overall": 0.83,
       "linears": {"transformer_blocks.0.attn1.to_q": {"alpha": 0.21, "beta": 0.05, "r2": 0.9, "n": 38}, ...},
       "pdr": {"rho": 0.0036, "k_sigma": 8.0, "quantile": 0.95, "n": 1440},   # optional: PDR's ρ for this model
+      "attention": {"blocks": {"transformer_blocks.0": {"alpha": 0.3, "beta": 0.02, "r2": 0.7, "n": 38}, ...},
+                    "tau": 0.05, "target": 0.75, "tau_table": {"0.25": 0.03, ..., "1": 0.09}},   # optional
       "meta": {...}                              # free-form: prompts, steps, seed, command line
     }
 
 Predicted relative error of a layer's NVFP4 route: ``E = alpha · Γ + beta``; the layer goes INT8 when
 ``E > tau``. ``pdr`` (optional; files without it still load) is the block-input outlier ratio's
 ``quantile`` over ``n`` calibration checks at ``k_sigma``: the ρ that ``sixbit.pdr.resolve_rho`` uses
-when the config leaves ``pdr_rho`` empty. Loading validates every field and raises :class:`PolicyError` naming the first bad one
+when the config leaves ``pdr_rho`` empty. ``attention`` (optional; files without it still load, and then
+every attention runs bf16) holds the per-block fit of the 8-bit attention's relative error
+``E_attn = alpha · Γ + beta`` (``sixbit.dmpq.attention_route``: 8-bit when ``E_attn ≤ tau``), τ_attn for
+``target`` (the fraction of the calibration samples at or under it) and a τ-for-fraction table. Loading validates every field and raises :class:`PolicyError` naming the first bad one
 (``linears['transformer_blocks.3.ff.net.2'].alpha: expected a finite number, got 'x'``).
 """
 
@@ -78,6 +83,10 @@ class Policy:
     pdr_k_sigma: float | None = None
     pdr_quantile: float | None = None
     pdr_n: int = 0
+    attention: dict[str, LinearFit] = field(default_factory=dict)
+    attention_tau: float | None = None
+    attention_target: float | None = None
+    attention_tau_table: dict[float, float] = field(default_factory=dict)
 
     # -------------------------------------------------------------------------------------- decisions
     def fit(self, name: str) -> LinearFit:
@@ -93,16 +102,20 @@ class Policy:
 
     def tau_for_bits(self, bits: float) -> float:
         """τ for an average-activation-bit target, interpolated linearly in the τ-for-bits table."""
-        if not self.tau_table:
-            return self.tau
-        pts = sorted(self.tau_table.items())
-        if bits <= pts[0][0]:
-            return pts[0][1]
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if bits <= b1:
-                w = (bits - b0) / (b1 - b0) if b1 > b0 else 1.0
-                return t0 + w * (t1 - t0)
-        return pts[-1][1]
+        return _interpolate(self.tau_table, bits, self.tau)
+
+    def attention_fit(self, block: str) -> LinearFit | None:
+        """The 8-bit attention's error line of ``block`` (None: no fit, the block's attention runs bf16)."""
+        return self.attention.get(block)
+
+    def attention_tau_for(self, target: float | None) -> float | None:
+        """τ_attn for a target 8-bit fraction (the table, interpolated), the calibrated τ_attn without a
+        target, or None without attention fits."""
+        if not self.attention:
+            return None
+        if target is None:
+            return self.attention_tau
+        return _interpolate(self.attention_tau_table, target, self.attention_tau)
 
     @classmethod
     def uncalibrated(cls, tau: float) -> Policy:
@@ -123,11 +136,14 @@ class Policy:
             "target_bits": self.target_bits,
             "tau_table": {f"{b:g}": t for b, t in sorted(self.tau_table.items())},
             "r2_overall": self.r2_overall,
-            "linears": {
-                k: {"alpha": v.alpha, "beta": v.beta, "r2": v.r2, "n": v.n} for k, v in self.linears.items()
-            },
+            "linears": {k: _fit_dict(v) for k, v in self.linears.items()},
             **({"pdr": {"rho": self.pdr_rho, "k_sigma": self.pdr_k_sigma, "quantile": self.pdr_quantile,
                         "n": self.pdr_n}} if self.pdr_rho is not None else {}),
+            **({"attention": {
+                "blocks": {k: _fit_dict(v) for k, v in self.attention.items()}, "tau": self.attention_tau,
+                "target": self.attention_target,
+                "tau_table": {f"{f:g}": t for f, t in sorted(self.attention_tau_table.items())}}}
+               if self.attention else {}),
             "meta": self.meta,
         }
 
@@ -165,28 +181,8 @@ class Policy:
         linears_raw = d.get("linears")
         if not isinstance(linears_raw, dict) or not linears_raw:
             raise PolicyError(f"linears: expected a non-empty object of layer fits, got {_show(linears_raw)}")
-        linears = {}
-        for name, fit in linears_raw.items():
-            where = f"linears[{name!r}]"
-            if not isinstance(fit, dict):
-                raise PolicyError(f"{where}: expected an object with alpha and beta, got {_show(fit)}")
-            r2 = fit.get("r2")
-            linears[name] = LinearFit(
-                alpha=_number(fit.get("alpha"), f"{where}.alpha"),
-                beta=_number(fit.get("beta"), f"{where}.beta"),
-                r2=None if r2 is None else _number(r2, f"{where}.r2"),
-                n=_int(fit.get("n", 0), f"{where}.n", minimum=0),
-            )
-        tau_table_raw = d.get("tau_table", {}) or {}
-        if not isinstance(tau_table_raw, dict):
-            raise PolicyError(f"tau_table: expected an object {{bits: tau}}, got {_show(tau_table_raw)}")
-        tau_table = {}
-        for k, v in tau_table_raw.items():
-            try:
-                bits = float(k)
-            except ValueError:
-                raise PolicyError(f"tau_table: key {k!r} is not a number of bits") from None
-            tau_table[bits] = _number(v, f"tau_table[{k!r}]")
+        linears = {name: _fit(fit, f"linears[{name!r}]") for name, fit in linears_raw.items()}
+        tau_table = _table(d.get("tau_table", {}), "tau_table", "bits")
         hb = d.get("hadamard_block")
         if hb is not None:
             hb = _int(hb, "hadamard_block", minimum=0)
@@ -209,6 +205,11 @@ class Policy:
         if rho is not None and not 0.0 <= rho <= 1.0:
             raise PolicyError(f"pdr.rho: expected a fraction in [0, 1], got {_show(rho)}")
         q = pdr.get("quantile")
+        att = d.get("attention") or {}
+        if not isinstance(att, dict) or (att and not isinstance(att.get("blocks"), dict)):
+            raise PolicyError(f"attention: expected an object with blocks, tau and tau_table, got {_show(att)}")
+        att_blocks = {name: _fit(fit, f"attention.blocks[{name!r}]") for name, fit in (att.get("blocks") or {}).items()}
+        att_target = att.get("target")
         return cls(
             linears=linears,
             tau=_number(d.get("tau"), "tau"),
@@ -223,15 +224,62 @@ class Policy:
             pdr_k_sigma=None if not pdr else _number(pdr.get("k_sigma"), "pdr.k_sigma"),
             pdr_quantile=None if q is None else _number(q, "pdr.quantile"),
             pdr_n=_int(pdr.get("n", 0), "pdr.n", minimum=0),
+            attention=att_blocks,
+            attention_tau=_number(att.get("tau"), "attention.tau") if att_blocks else None,
+            attention_target=None if att_target is None else _number(att_target, "attention.target"),
+            attention_tau_table=_table(att.get("tau_table", {}), "attention.tau_table", "fraction"),
         )
 
     def describe(self) -> str:
         if not self.calibrated:
             return "uncalibrated"
-        return f"calibrated on {self.model!r} ({len(self.linears)} layers, R² {self.r2_overall})"
+        att = (f"attention fits for {len(self.attention)} blocks" if self.attention
+               else "no attention fit: bf16 attention")
+        return f"calibrated on {self.model!r} ({len(self.linears)} layers, R² {self.r2_overall}; {att})"
 
 
 _IDENTITY = LinearFit(alpha=1.0, beta=0.0)
+
+
+def _interpolate(table: dict[float, float], x: float, default: float):
+    """Linear interpolation in ``{x: τ}`` (clamped at the ends; ``default`` for an empty table)."""
+    if not table:
+        return default
+    pts = sorted(table.items())
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, t0), (x1, t1) in zip(pts, pts[1:]):
+        if x <= x1:
+            w = (x - x0) / (x1 - x0) if x1 > x0 else 1.0
+            return t0 + w * (t1 - t0)
+    return pts[-1][1]
+
+
+def _fit_dict(f: LinearFit) -> dict[str, Any]:
+    return {"alpha": f.alpha, "beta": f.beta, "r2": f.r2, "n": f.n}
+
+
+def _fit(fit: Any, where: str) -> LinearFit:
+    if not isinstance(fit, dict):
+        raise PolicyError(f"{where}: expected an object with alpha and beta, got {_show(fit)}")
+    r2 = fit.get("r2")
+    return LinearFit(alpha=_number(fit.get("alpha"), f"{where}.alpha"), beta=_number(fit.get("beta"), f"{where}.beta"),
+                     r2=None if r2 is None else _number(r2, f"{where}.r2"),
+                     n=_int(fit.get("n", 0), f"{where}.n", minimum=0))
+
+
+def _table(raw: Any, where: str, what: str) -> dict[float, float]:
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: expected an object {{{what}: tau}}, got {_show(raw)}")
+    out = {}
+    for k, v in raw.items():
+        try:
+            x = float(k)
+        except ValueError:
+            raise PolicyError(f"{where}: key {k!r} is not a number ({what})") from None
+        out[x] = _number(v, f"{where}[{k!r}]")
+    return out
 
 
 def _show(v: Any) -> str:

@@ -53,7 +53,9 @@ A schedule recorded by :meth:`sixbit.trace.Trace.skip_schedule` (format version 
 NVFP4, ``i`` INT8, ``f`` 16-bit activations: warm-up, PDR) — because DMPQ's Γ-driven routes, like TDC's decisions, are
 meaningless on random weights. With routes, a DMPQ run replays them too (block mode ``replay``); PDR's
 outlier count is still computed where the live rule would compute it, so the replay costs what a live
-run costs, but the recorded route wins. A version-1 file (skips only) still loads.
+run costs, but the recorded route wins. Format version 3 adds each computed cell's *attention* route (one
+letter per block and step: ``8`` 8-bit, ``b`` bf16, ``-`` skipped), replayed the same way
+(``sixbit.dmpq.attention_route``). Version-1 (skips only) and version-2 files still load.
 """
 
 from __future__ import annotations
@@ -132,6 +134,20 @@ def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: i
 SCHEDULE_FORMAT = "sixbit-skip-schedule"
 
 
+def _dense_attention(attention: dict[str, list[str]], nb: int) -> dict[str, list[str]]:
+    """Every cell's attention route: a skipped cell takes the nearest computed step's (earlier on a tie)."""
+    out = {}
+    for name, rows in attention.items():
+        out[name] = ["".join(next((rows[u][b] for d in range(len(rows)) for u in (t - d, t + d)
+                                   if 0 <= u < len(rows) and rows[u][b] != NO_ATTENTION), "b") for b in range(nb))
+                     for t in range(len(rows))]
+    return out
+#: attention routes in a schedule (version 3): one letter per block of a step, "-" for a skipped cell
+ATTENTION_LETTERS = {"fp8": "8", "bf16": "b"}
+NO_ATTENTION = "-"
+_FROM_ATTENTION = {v: k for k, v in ATTENTION_LETTERS.items()}
+
+
 def _near(i: int, n_new: int, n_old: int) -> int:
     """Nearest source index at the same relative position (first ↔ first, last ↔ last)."""
     return 0 if n_new <= 1 or n_old <= 1 else round(i * (n_old - 1) / (n_new - 1))
@@ -141,13 +157,15 @@ def _near(i: int, n_new: int, n_old: int) -> int:
 class SkipSchedule:
     """Which block evaluations were computed (True) or skipped (False): ``branches[name][step][block]``;
     optionally ``routes[name][step][block]``: the route letters of a computed cell's linears ("" when
-    skipped or not recorded)."""
+    skipped or not recorded); optionally ``attention[name][step]``: one letter per block, the attention route
+    of each computed cell (:data:`ATTENTION_LETTERS`, ``"-"`` when skipped; format version 3)."""
 
     num_blocks: int
     num_steps: int
     branches: dict[str, list[list[bool]]]
     source: dict[str, Any] = field(default_factory=dict)
     routes: dict[str, list[list[str]]] | None = None
+    attention: dict[str, list[str]] | None = None
 
     def computed(self, branch: str, step: int, block: int) -> bool:
         pattern = self.branches.get(branch) or next(iter(self.branches.values()))
@@ -166,6 +184,19 @@ class SkipSchedule:
         codes = pattern[step][block]
         return [FROM_LETTER[codes[_near(k, n_linears, len(codes))]] for k in range(n_linears)]
 
+    def attention_route(self, branch: str, step: int, block: int) -> str | None:
+        """The recorded attention route of a computed cell (``"fp8"``/``"bf16"``), or None."""
+        if not self.attention:
+            return None
+        rows = self.attention.get(branch) or next(iter(self.attention.values()))
+        return None if step >= len(rows) else _FROM_ATTENTION.get(rows[step][block])
+
+    @property
+    def attention_fp8_fraction(self) -> float | None:
+        """Share of recorded computed cells whose attention ran 8-bit (None without attention routes)."""
+        letters = "".join(r for rows in (self.attention or {}).values() for r in rows).replace(NO_ATTENTION, "")
+        return letters.count(ATTENTION_LETTERS["fp8"]) / len(letters) if letters else None
+
     @property
     def skip_fraction(self) -> float:
         cells = [c for p in self.branches.values() for row in p for c in row]
@@ -182,8 +213,10 @@ class SkipSchedule:
 
         branches = {name: grid(p, bool) for name, p in self.branches.items()}
         routes = None if self.routes is None else {name: grid(p, str) for name, p in self.routes.items()}
+        attention = None if self.attention is None else {name: ["".join(r) for r in grid(p, str)]
+                                                         for name, p in self.attention.items()}
         src = {**self.source, "resampled_from": [self.num_blocks, self.num_steps]}
-        return SkipSchedule(num_blocks, num_steps, branches, src, routes)
+        return SkipSchedule(num_blocks, num_steps, branches, src, routes, attention)
 
     def dense(self) -> SkipSchedule:
         """Every cell computed, each with recorded routes: a skipped cell takes the routes of the nearest
@@ -202,7 +235,8 @@ class SkipSchedule:
                 dense_rows.append(row)
             routes[name] = dense_rows
         branches = {name: [[True] * self.num_blocks for _ in rows] for name, rows in self.branches.items()}
-        return SkipSchedule(self.num_blocks, self.num_steps, branches, {**self.source, "dense": True}, routes)
+        return SkipSchedule(self.num_blocks, self.num_steps, branches, {**self.source, "dense": True}, routes,
+                            None if self.attention is None else _dense_attention(self.attention, self.num_blocks))
 
     @property
     def route_fractions(self) -> dict[str, float]:
@@ -212,7 +246,7 @@ class SkipSchedule:
 
     def to_dict(self) -> dict[str, Any]:
         d = {
-            "format": SCHEDULE_FORMAT, "version": 1 if self.routes is None else 2,
+            "format": SCHEDULE_FORMAT, "version": 3 if self.attention is not None else 1 if self.routes is None else 2,
             "num_blocks": self.num_blocks, "num_steps": self.num_steps,
             "branches": {k: [[int(c) for c in row] for row in v] for k, v in self.branches.items()},
             "skip_fraction": self.skip_fraction, "source": self.source,
@@ -220,6 +254,9 @@ class SkipSchedule:
         if self.routes is not None:
             d["routes"] = self.routes
             d["route_fractions"] = self.route_fractions
+        if self.attention is not None:
+            d["attention"] = self.attention
+            d["attention_fp8_fraction"] = self.attention_fp8_fraction
         return d
 
     @classmethod
@@ -247,7 +284,14 @@ class SkipSchedule:
                         if codes and not branches[k][t][b]:
                             raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: routes recorded "
                                              "for a skipped cell")
-        return cls(nb, ns, branches, d.get("source", {}), routes)
+        attention = d.get("attention")
+        if attention is not None:
+            for k, rows in attention.items():
+                if k not in branches or len(rows) != ns or any(
+                        not isinstance(r, str) or len(r) != nb or set(r) - {*_FROM_ATTENTION, NO_ATTENTION} for r in rows):
+                    raise ValueError(f"skip schedule attention {k!r}: expected a branch's {ns} strings of {nb} letters "
+                                     f"{sorted({*_FROM_ATTENTION, NO_ATTENTION})}")
+        return cls(nb, ns, branches, d.get("source", {}), routes, attention)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

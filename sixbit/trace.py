@@ -10,9 +10,12 @@
                 "routes": ["nvfp4" | "int8" | "fp16" | "skipped", ... one per linear],
                 "pred_err": [float | null, ... one per linear],
                 "linear_outlier_ratio": [float | null, ... one per linear],
+                "attention": [{"route": "fp8" | "bf16" | "skipped", "pred_err": float | null, "why": str,
+                               "emulated": bool}, ... one per block],
                 "branch": str, "other_branches": {name: {"blocks", "routes", "pred_err", ...}}}],
      "summary": {"avg_act_bits", "skip_fraction", "pdr_count", "time_s", "peak_mem_bytes",
-                 "route_counts": {"nvfp4", "int8", "fp16", "skipped"}, ...}}
+                 "route_counts": {"nvfp4", "int8", "fp16", "skipped"},
+                 "attention_counts": {"fp8", "bf16"}, "attention_fp8_fraction", ...}}
 
 A trace saved by the demo (trace.json) has one more key, ``"run"`` (:func:`run_record`, its own version
 :data:`RUN_VERSION`): what the run needs to be replayed — model id and revision, pipeline arguments, seed,
@@ -33,6 +36,10 @@ Conventions:
   branch: ``route_counts`` add up to steps × linears × branches, ``skip_fraction`` is over all block
   evaluations, ``avg_act_bits`` the mean over computed linear evaluations of 4.5 (NVFP4, incl. block
   scales), 8 (INT8) or 16 (FP16/W4A16) — every layer counts once, whatever its size.
+* ``attention`` per block: the route its attention really ran (``fp8``, ``bf16``; ``skipped`` with the
+  block), the policy's predicted 8-bit error (null unless it predicted) and ``why`` (``sixbit.dmpq.
+  attention_route``); ``emulated``: the CPU/torch emulation of the 8-bit kernel ran (the compute path then
+  says so). ``attention_fp8_fraction`` is over computed block evaluations.
 * ``time_s`` of a step is the wall time of the transformer calls of that step (GPU synchronized at the
   end of each step when ``config.sync_timing``); the summary's ``time_s`` is their sum.
 """
@@ -44,7 +51,7 @@ from typing import Any
 
 from sixbit.routes import BITS as ROUTE_BITS
 from sixbit.routes import LETTERS, SKIPPED, TRACE_ROUTES
-from sixbit.tdc import SkipSchedule
+from sixbit.tdc import ATTENTION_LETTERS, NO_ATTENTION, SkipSchedule
 
 __all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "json_safe", "RUN_VERSION", "run_record",
            "policy_fingerprint", "package_versions"]
@@ -76,6 +83,7 @@ class _Branch:
         self.routes: list[str | None] = [None] * n_linears
         self.pred_err: list[float | None] = [None] * n_linears
         self.lin_outliers: list[Any] = [None] * n_linears
+        self.attention: list[dict | None] = [None] * n_blocks
 
     def to_dict(self) -> dict[str, Any]:
         out_lin = []
@@ -90,9 +98,11 @@ class _Branch:
             "routes": [r if r is not None else SKIPPED for r in self.routes],
             "pred_err": [_f(p) for p in self.pred_err],
             "linear_outlier_ratio": out_lin,
+            "attention": [json_safe(a) if a is not None else dict(_ATTN_NOT_RUN) for a in self.attention],
         }
 
 
+_ATTN_NOT_RUN = {"route": SKIPPED, "pred_err": None, "why": "not_run", "emulated": False}
 _NOT_RUN = {"computed": False, "skipped": False, "pdr": False, "gamma": None, "delta_sim": None,
             "acc_err": 0.0, "outlier_ratio": None, "mode": "not_run", "tdc": None}
 
@@ -156,9 +166,13 @@ class Trace:
     # ---------------------------------------------------------------------------------------- output
     def summary(self) -> dict[str, Any]:
         counts = dict.fromkeys(TRACE_ROUTES, 0)
+        attn = {"fp8": 0, "bf16": 0}
         n_blocks = n_skipped = n_pdr = 0
         for st in self.steps:
             for br in st.branches.values():
+                for a in br.attention:
+                    if a is not None and a["route"] in attn:
+                        attn[a["route"]] += 1
                 for r in br.routes:
                     counts[r if r is not None else SKIPPED] += 1
                 for b in br.blocks:
@@ -176,6 +190,8 @@ class Trace:
             "time_s": sum(st.time_s for st in self.steps),
             "peak_mem_bytes": self.peak_mem_bytes,
             "route_counts": counts,
+            "attention_counts": attn,
+            "attention_fp8_fraction": attn["fp8"] / sum(attn.values()) if sum(attn.values()) else 0.0,
             "num_steps": len(self.steps),
             "block_evaluations": n_blocks,
             **self.extra,
@@ -196,22 +212,26 @@ class Trace:
 
     def skip_schedule(self) -> SkipSchedule:
         """The computed/skipped pattern of this run per branch (a block never reached counts as computed),
-        with the routes of every computed block evaluation (route letters, see :mod:`sixbit.tdc`)."""
+        with the routes of every computed block evaluation (route letters, see :mod:`sixbit.tdc`) and its
+        attention route (``sixbit.tdc.ATTENTION_LETTERS``)."""
         names: list[str] = []
         for st in self.steps:
             names += [n for n in st.branches if n not in names]
-        branches, routes = {}, {}
+        branches, routes, attention = {}, {}, {}
         for n in names:
-            rows, rrows = [], []
+            rows, rrows, arows = [], [], []
             for st in self.steps:
                 br = st.branches.get(n)
                 blocks = br.blocks if br is not None else [None] * len(self.blocks)
                 rows.append([not (b is not None and b["skipped"]) for b in blocks])
                 rrows.append(["".join(LETTERS[br.routes[j]] for j in self.block_linears[b])
                               if blk is not None and blk["computed"] else "" for b, blk in enumerate(blocks)])
-            branches[n], routes[n] = rows, rrows
+                att = br.attention if br is not None else [None] * len(self.blocks)
+                arows.append("".join(ATTENTION_LETTERS.get((a or {}).get("route") if blk is not None and blk["computed"]
+                                                           else None, NO_ATTENTION) for a, blk in zip(att, blocks)))
+            branches[n], routes[n], attention[n] = rows, rrows, arows
         return SkipSchedule(len(self.blocks), len(self.steps), branches,
-                            {"model": self.model, "config": self.config, "device": self.device}, routes)
+                            {"model": self.model, "config": self.config, "device": self.device}, routes, attention)
 
 
 # ------------------------------------------------------------------------------------ run metadata

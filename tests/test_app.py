@@ -106,10 +106,10 @@ def test_full_run_streams_diagnostics_and_ends_with_videos_and_metrics(ctrl, pro
         assert atoms.index("moov") < atoms.index("mdat")
         frames = read_mp4(path)
         assert frames.shape == (9, 256, 256, 3)  # 32x32 shown 8x (nearest) so the browser does not blur it
-    # the heatmaps show every linear / block of the model for every step
+    # the heatmaps show every linear (+ each block's attention row) / block of the model for every step
     prec, skips = out["precision"], out["skips"]
     trace = json.loads(Path(out["trace_file"]).read_text())
-    assert len(prec.data[0].z) == len(trace["linears"]) and len(prec.data[0].z[0]) == 4
+    assert len(prec.data[0].z) == len(trace["linears"]) + len(trace["blocks"]) and len(prec.data[0].z[0]) == 4
     assert all(v is not None for row in prec.data[0].z for v in row)
     assert len(skips.data[0].z) == len(trace["blocks"])
     assert [t.name for t in out["curves"].data].count("mean over blocks") == 2

@@ -171,3 +171,24 @@ def test_theme_and_css_go_to_launch_not_blocks():
     assert {"theme", "css_paths"} <= set(inspect.signature(gradio.Blocks.launch).parameters)
     src = inspect.getsource(layout.build_demo)
     assert "gr.Blocks(" in src and "theme=" not in src.split("gr.Blocks(")[1].split(")")[0]
+
+
+def test_triton_cache_persists_where_the_host_allows(tmp_path, monkeypatch):
+    """The user's TRITON_CACHE_DIR wins; else /data (Spaces' persistent storage) when writable; else
+    ~/.cache/sixbit/triton. The app compiles its kernels at start-up only on a GPU."""
+    import app
+
+    env = {"TRITON_CACHE_DIR": "/mine"}
+    assert app.triton_cache_dir(env, tmp_path / "data") is None and env["TRITON_CACHE_DIR"] == "/mine"
+    (tmp_path / "data").mkdir()
+    env = {}
+    assert app.triton_cache_dir(env, tmp_path / "data") == str(tmp_path / "data" / "sixbit" / "triton")
+    assert (tmp_path / "data" / "sixbit" / "triton").is_dir() and env["TRITON_CACHE_DIR"].endswith("triton")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = {}
+    assert app.triton_cache_dir(env, tmp_path / "absent") == str(tmp_path / "home" / ".cache" / "sixbit" / "triton")
+
+    class CpuPipe:
+        device = "cpu"
+
+    assert app.compile_kernels(CpuPipe()) is None

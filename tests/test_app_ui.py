@@ -387,3 +387,27 @@ def test_out_fills_unnamed_outputs_with_skip():
     assert t[0] == "s" and all(isinstance(x, dict) and x.get("__type__") == "update" for x in t[1:])
     with pytest.raises(KeyError):
         DemoController.out(nope=1)
+
+
+def test_precision_figure_has_an_attention_row_per_block_after_its_linears():
+    names = [f"transformer_blocks.{b}.{ln}" for b in range(2) for ln in ("attn1.to_q", "ff.net.2")]
+    steps = [{"routes": ["nvfp4", "int8", "skipped", "skipped"], "pred_err": [0.1, 0.2, None, None],
+              "attention": [{"route": "fp8", "pred_err": 0.03}, {"route": "skipped", "pred_err": None}]},
+             {"routes": ["fp16", "fp16", "int8", "int8"], "pred_err": [None] * 4,
+              "attention": [{"route": "bf16", "pred_err": None}, {"route": "bf16", "pred_err": 0.2}]}]
+    trace = {"linears": names, "blocks": ["transformer_blocks.0", "transformer_blocks.1"], "steps": steps}
+    fig = figures.precision_figure(trace, total_steps=3)
+    hm = fig.data[0]
+    code = {r: i for i, r in enumerate(figures.ROUTES + figures.ATTENTION_ROUTES)}
+    assert len(hm.z) == 6  # 2 linears + 1 attention row per block
+    assert [row[0] for row in hm.z] == [code["nvfp4"], code["int8"], code["attn_fp8"], code["skipped"],
+                                        code["skipped"], code["skipped"]]
+    assert [row[1] for row in hm.z][2] == code["attn_bf16"] and hm.z[5][1] == code["attn_bf16"]
+    assert "transformer_blocks.0 · attention" in hm.customdata[2][0][0] and hm.customdata[2][0][1] == "0.0300"
+    assert list(fig.layout.yaxis.ticktext) == ["block 0", "block 1"]
+    legend = [t.name for t in fig.data[1:]]
+    assert any(n.startswith("attention 8-bit (FP8) · 1") for n in legend)
+    # a trace without attention routes (older traces): no attention rows
+    old = figures.precision_figure({**trace, "steps": [{k: v for k, v in st.items() if k != "attention"}
+                                                        for st in steps]}, total_steps=3)
+    assert len(old.data[0].z) == 4

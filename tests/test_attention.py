@@ -109,7 +109,8 @@ def test_fp8_route_matches_the_spec_and_sdpa():
         assert 0 < float((o - r).norm() / r.norm()) < 0.1
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 19, 32, generator=g).to(DEV) for _ in range(3))
-    o, ran = attend(q, k, v, "fp8", allow_cpu=True)
+    o, ran, emulated = attend(q, k, v, "fp8", allow_cpu=True)
+    assert not emulated
     from sixbit import formats as spec
     exp = spec.attention_fp8_reference(q.cpu(), k.cpu(), v.cpu(), block_n=sk.attention_fp8.CONFIGS[32][1])
     exp = exp.transpose(1, 2).reshape(2, 19, 64)
@@ -125,7 +126,7 @@ def test_fp8_route_falls_back_to_sdpa():
 
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 9, 32, generator=g) for _ in range(3))
-    out, ran = attend(q, k, v, "fp8")
+    out, ran, _ = attend(q, k, v, "fp8")
     assert ran == "bf16"
     exp = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, 9, 64)
     assert torch.equal(out, exp)
@@ -135,13 +136,46 @@ def test_fp8_route_falls_back_to_sdpa():
     attn, hs, enc, rope = _fp8_ready_attn()
     proc = FusedQKNormRopeProcessor(attn.processor, sk.ops, backend="torch", allow_cpu=True, attention_route="fp8")
     attn.set_processor(proc)
+    proc.attention_route = "bf16"
     attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
-    assert proc.last_attention_route is None  # backend="torch": the original processor ran
+    assert proc.last_attention_route is None  # backend="torch", bf16: the original processor ran
     installed = [(attn, proc)]
     set_attention_route(installed, "bf16")
     assert proc.attention_route == "bf16"
     with pytest.raises(ValueError, match="attention_route"):
         set_attention_route(installed, "fp4")
+
+
+def test_fp8_route_emulated_with_the_torch_backend_and_on_the_cpu():
+    """backend="torch" (and the CPU without interpreter permission): the "fp8" route runs the spec
+    (formats.attention_fp8_reference) on q/k/v built exactly as diffusers builds them, flagged emulated; the
+    observer sees those q/k/v; bf16 stays the original processor, bit for bit."""
+    from sixbit import formats as spec
+
+    attn, hs, enc, rope = _fp8_ready_attn()
+    orig = attn.processor
+    with torch.no_grad():
+        ref = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+    seen = []
+    for backend, allow in (("torch", True), *((("auto", False),) if DEV == "cpu" else ())):
+        proc = FusedQKNormRopeProcessor(orig, sk.ops, backend=backend, allow_cpu=allow, attention_route="fp8")
+        proc.observer = lambda q, k, v: seen.append((q.clone(), k.clone(), v.clone()))
+        attn.set_processor(proc)
+        with torch.no_grad():
+            out = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+        assert (proc.last_attention_route, proc.last_attention_emulated) == ("fp8", True)
+        q, k, v = seen[-1]
+        exp = spec.attention_fp8_reference(q, k, v, block_n=sk.attention_fp8.CONFIGS[32][1])
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        assert 0 < float((exp - sdpa).norm() / sdpa.norm()) < 0.1
+        exp = attn.to_out[0](exp.transpose(1, 2).reshape(*q.shape[:1], q.shape[2], -1))
+        torch.testing.assert_close(out[0], exp[:, 5:], rtol=0, atol=1e-6)
+        for o, r in zip(out, ref):
+            assert 0 < float((o - r).norm() / r.norm()) < 0.1
+        proc.attention_route, proc.observer = "bf16", None
+        with torch.no_grad():
+            same = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+        assert proc.last_attention_route is None and all(torch.equal(a, b) for a, b in zip(same, ref))
 
 
 @pytest.mark.usefixtures("one_thread")

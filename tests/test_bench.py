@@ -40,9 +40,14 @@ def test_quality_smoke_on_sixbit_mini(out, one_thread):
     assert 0 <= data["summary"]["full"]["skip_fraction"]["mean"] < 1
     for c in ("fp16", "w4a4", "full"):
         assert 0 <= data["summary"][c]["adherence"]["mean"] <= 100
-    for label in ("FP16/FP32 (reference)", "static W4A4 (all NVFP4)", "full 6Bit (DMPQ+TDC+PDR)"):
+    for label in ("FP16/FP32 (reference)", "static W4A4 (all NVFP4)", "full 6Bit (DMPQ+TDC+PDR) + 8-bit attention by policy"):
         assert f"| {label} |" in md
     assert (out / "q_schedule.json").exists()  # the full method's skip pattern, for the speed benchmark
+    # the full preset routes attention by the mini policy's fits (CPU: the emulation); the static row never
+    assert data["summary"]["w4a4"]["attention_fp8"]["mean"] == 0 and "| 8-bit attention |" in md
+    sched = json.loads((out / "q_schedule.json").read_text())
+    assert sched["version"] == 3 and sched["attention_fp8_fraction"] == pytest.approx(
+        data["runs"]["full"][0]["attention_fp8"])
     # --pdr-rho reaches the configurations with PDR only; PDR firings are a column
     assert data["pdr_overrides"] == {"pdr_rho": 0.0} and "PDR ρ override: 0.0" in md and "| PDR / run |" in md
     assert data["summary"]["w4a4"]["pdr_count"]["mean"] == 0 and data["summary"]["full"]["pdr_count"]["n"] == 1
@@ -74,6 +79,29 @@ def test_speed_smoke_at_tiny_size(out, one_thread):
     (out / "s.md").unlink()
     speed.main(["--render", str(out / "s.json")])
     assert (out / "s.md").read_text() == md
+
+
+def test_speed_replays_the_attention_routes(out, one_thread):
+    """A format-3 schedule's attention routes are replayed (8-bit emulated on the CPU) by the method rows;
+    the *_bf16attn rows keep bf16; the table has the column and apply's compile time (CPU: none)."""
+    from sixbit.tdc import SkipSchedule
+
+    n_steps, n_blocks = 3, 3  # the tiny size's depth: no resampling
+    sched = SkipSchedule(n_blocks, n_steps, {"cond_uncond": [[True] * 3, [True, False, False], [True] * 3]},
+                         {"model": "test"}, {"cond_uncond": [["nn"] * 3, ["ii", "", ""], ["ff", "nn", "nn"]]},
+                         {"cond_uncond": ["888", "b--", "b8b"]})
+    path = sched.save(out / "att_sched.json")
+    assert SkipSchedule.load(path).attention_fp8_fraction == pytest.approx(4 / 7)
+    speed.main(["--sizes", "tiny", "--steps", str(n_steps), "--frames", "9", "--height", "32", "--width", "32",
+                "--configs", "full", "full_bf16attn", "--warmup-steps", "1", "--schedule", str(path),
+                "--device", "cpu", "--out", str(out), "--name", "sa"])
+    data = json.loads((out / "sa.json").read_text())
+    cfgs = data["models"]["tiny"]["configs"]
+    assert "error" not in cfgs["full"], cfgs["full"].get("error")
+    assert cfgs["full"]["attention_fp8"] == pytest.approx(4 / 7) and cfgs["full_bf16attn"]["attention_fp8"] == 0
+    assert cfgs["full"]["kernels_compiled_s"] is None  # CPU: apply compiles nothing
+    md = (out / "sa.md").read_text()
+    assert "| 8-bit attn |" in md and f"{4 / 7:.0%} of the computed block evaluations 8-bit" in md
 
 
 def test_weights_counts_packed_bytes(out, monkeypatch):

@@ -93,3 +93,21 @@ def test_calibrate_cli(tmp_path, capsys, monkeypatch):
     bad.write_text("# nothing\n")
     with pytest.raises(ValueError, match="no prompts"):
         read_prompts(bad)
+
+
+def test_calibrate_fits_the_8bit_attention_error_per_block():
+    """Head dim 32 (the kernel's smallest): every block gets a line of the 8-bit attention's error against
+    SDPA (the emulation on the CPU), measured on the block's own q/k/v; τ_attn is the target's quantile.
+    Head dim 16 (no 8-bit attention): no attention fits, and the policy says its attention stays bf16."""
+    pipe = tiny_cogvideox_pipeline(seed=0, head_dim=32)
+    policy, report = calibrate(pipe, ["red circle"], steps=4, call_kwargs=CALL, attention_target=0.5)
+    assert list(policy.attention) == [f"transformer_blocks.{b}" for b in range(3)]
+    assert all(f.n == 3 for f in policy.attention.values())  # steps 1..3
+    errs = [a["mean_err"] for a in report["attention"]]
+    assert all(0 < e < 0.2 for e in errs)
+    assert policy.attention_target == 0.5 and policy.attention_tau == pytest.approx(policy.attention_tau_for(0.5))
+    taus = [policy.attention_tau_table[f] for f in sorted(policy.attention_tau_table)]
+    assert taus == sorted(taus) and "block attention" in cal.report_markdown(report)
+    assert Policy.from_dict(policy.to_dict()).to_dict() == policy.to_dict()
+    plain, _ = calibrate(tiny_cogvideox_pipeline(seed=0), ["red circle"], steps=3, call_kwargs=CALL)
+    assert plain.attention == {} and "bf16 attention" in plain.describe()

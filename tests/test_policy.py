@@ -161,3 +161,24 @@ def test_shipped_sixbit_mini_policy_loads_and_matches_the_model():
     assert pol.linears and pol.target_bits == 6.0
     assert pol.pdr_rho is not None and pol.pdr_k_sigma == SixBitConfig().pdr_k_sigma  # ρ measured for this model
     assert path.with_suffix(".md").exists()
+
+
+def test_policy_attention_fits_round_trip_and_older_files_run_bf16_attention(tmp_path):
+    p = _policy()
+    d = p.to_dict()
+    assert "attention" not in d and Policy.from_dict(d).attention_tau_for(0.75) is None  # an older file
+    assert "no attention fit: bf16 attention" in Policy.from_dict(d).describe()
+    p.attention = {"transformer_blocks.0": LinearFit(0.5, 0.02, 0.8, 12)}
+    p.attention_tau, p.attention_target, p.attention_tau_table = 0.05, 0.75, {0.5: 0.04, 1.0: 0.08}
+    q = Policy.load(p.save(tmp_path / "a.json"))
+    assert q.to_dict() == p.to_dict() and "attention fits for 1 blocks" in q.describe()
+    assert q.attention_fit("transformer_blocks.0").predict(0.1) == pytest.approx(0.07)
+    assert q.attention_fit("transformer_blocks.1") is None
+    assert q.attention_tau_for(None) == 0.05 and q.attention_tau_for(0.75) == pytest.approx(0.06)
+    bad = q.to_dict()
+    bad["attention"]["blocks"]["transformer_blocks.0"]["beta"] = "x"
+    with pytest.raises(PolicyError, match=re.escape("attention.blocks['transformer_blocks.0'].beta")):
+        Policy.from_dict(bad)
+    bad["attention"] = [1]
+    with pytest.raises(PolicyError, match="attention: expected an object"):
+        Policy.from_dict(bad)

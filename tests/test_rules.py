@@ -192,3 +192,50 @@ def test_block_statistics_are_additive_sums_read_in_one_place():
     assert run.read(sums.float()) == pytest.approx((2 * sums).tolist()) and seen == [torch.float64]
     vals = Run(lambda: None).read(sums)
     assert dmpq.ratio(vals[0], vals[1]) == pytest.approx(float(deltas[0].abs().sum() / ins[0].abs().sum()), rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------ 8-bit attention
+
+
+def test_attention_route_by_the_policy_and_its_precedence():
+    fit = LinearFit(2.0, 0.125)  # E_attn = 2Γ + 1/8 (exact in binary)
+    c = cfg(attention="policy")
+    dm = route(c)
+
+    def att(c=c, r=dm, **kw):
+        kw = {"gamma": 0.0625, "fit": fit, "tau_attn": 0.25, **kw}
+        return dmpq.attention_route(c, r, **kw)
+
+    a = att()
+    assert (a.route, a.why, a.pred_err) == ("fp8", "policy", 0.25)  # E == τ: 8-bit
+    assert att(gamma=0.1).route == "bf16" and att(gamma=0.1).pred_err == pytest.approx(0.325)
+    assert att(tau_attn=1.0).route == "fp8"
+    # full precision (off, warm-up, PDR) before everything, even a replayed fp8
+    for r in (route(cfg(quant="off")), route(cfg(warmup_steps=9), step=5), route(c, outlier_ratio=1.0, rho=1e-3)):
+        x = att(r=r, replayed="fp8")
+        assert (x.route, x.pred_err, x.why) == ("bf16", None, "full_precision")
+    # replayed wins over the prediction and the missing Γ
+    assert att(replayed="bf16").route == "bf16" and att(gamma=None, replayed="fp8").why == "replay"
+    # no fresh Γ (after a skip, or none yet), no fit, no τ: bf16
+    for kw in (dict(skipped_last=True), dict(gamma=None), dict(fit=None), dict(tau_attn=None)):
+        assert att(**kw).route == "bf16" and att(**kw).pred_err is None
+    assert att(skipped_last=True).why == "no_gamma" and att(fit=None).why == "no_fit"
+    # "bf16" never, "fp8" always except full precision
+    assert att(c=cfg(attention="bf16")).why == "off"
+    assert att(c=cfg(attention="fp8"), gamma=None, fit=None).route == "fp8"
+    assert att(c=cfg(attention="fp8"), r=route(cfg(warmup_steps=9), step=5)).route == "bf16"
+
+
+def test_attention_config_fields_are_validated_and_the_presets_choose():
+    from sixbit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="SixBitConfig.attention "):
+        SixBitConfig(attention="int8")
+    with pytest.raises(ConfigError, match="tau_attn"):
+        SixBitConfig(tau_attn=-1.0)
+    with pytest.raises(ConfigError, match="attention_target"):
+        SixBitConfig(attention_target=1.5)
+    for name in ("balanced", "full", "aggressive", "dmpq_only", "dmpq_tdc", "full_paper"):
+        assert SixBitConfig.preset(name).attention == "policy", name
+    for name in ("off", "fp16", "w8a8", "w4a4", "w4a8", "tdc_only", "tdc_paper"):
+        assert SixBitConfig.preset(name).attention == "bf16", name

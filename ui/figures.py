@@ -5,7 +5,8 @@ Three live views, redrawn after every denoising step while the video is generate
 - `precision_figure` — every quantized linear layer (rows, in model order, grouped and labelled by block;
   the layer's name is in the hover) × denoising step (columns), coloured by the activation route the DMPQ
   policy picked: NVFP4 / INT8 / FP16 / skipped (the block was served from the Temporal Delta Cache, so
-  its linears did not run).
+  its linears did not run). When the trace records attention routes, each block's linears are followed
+  by one attention row: 8-bit (FP8) or bf16 attention, with the predicted 8-bit error in the hover.
 - `skip_figure` — every transformer block × step: computed, skipped (cached delta reused) or
   PDR-refreshed (computed in full precision so the cached delta is clean).
 - `curves_figure` — Γ = ‖out−in‖₁/‖in‖₁ per block, and each block's accumulated skip error, per step;
@@ -25,7 +26,11 @@ from plotly.subplots import make_subplots
 
 ROUTES = ("nvfp4", "int8", "fp16", "skipped")
 ROUTE_LABELS = {"nvfp4": "NVFP4 (4-bit)", "int8": "INT8", "fp16": "full precision (FP16/BF16)", "skipped": "skipped (cached)"}
-ROUTE_COLORS = {"nvfp4": "#2a9d8f", "int8": "#e9c46a", "fp16": "#e76f51", "skipped": "#d5d8dc"}
+ROUTE_COLORS = {"nvfp4": "#2a9d8f", "int8": "#e9c46a", "fp16": "#e76f51", "skipped": "#d5d8dc",
+                "attn_fp8": "#264653", "attn_bf16": "#f4a261"}
+#: a block's attention row (trace ``attention``): 8-bit or bf16 (skipped with its block shows as skipped)
+ATTENTION_ROUTES = ("attn_fp8", "attn_bf16")
+ROUTE_LABELS.update({"attn_fp8": "attention 8-bit (FP8)", "attn_bf16": "attention bf16"})
 
 BLOCK_STATES = ("computed", "skipped", "pdr")
 BLOCK_LABELS = {"computed": "computed", "skipped": "skipped (TDC)", "pdr": "PDR refresh (FP16)"}
@@ -98,43 +103,71 @@ def _legend_entries(fig: go.Figure, labels: dict[str, str], colors: dict[str, st
                                  marker=dict(symbol="square", size=12, color=colors[k]), hoverinfo="skip"))
 
 
+def _precision_rows(trace: dict, linears: list[str]) -> list[tuple[str, int]]:
+    """Heatmap rows in order: each block's linears (``("lin", i)``), then — when the trace records attention
+    routes — that block's attention (``("attn", block)``)."""
+    attention = any("attention" in st for st in trace.get("steps", []))
+    rows: list[tuple[str, int]] = []
+    for label, a, b in block_groups(linears):
+        rows += [("lin", i) for i in range(a, b + 1)]
+        m = re.fullmatch(r"block (\d+)", label)
+        if attention and m:
+            rows.append(("attn", int(m.group(1))))
+    return rows
+
+
 def precision_figure(trace: dict, total_steps: int | None = None, height: int | None = None) -> go.Figure:
-    """Layers × steps heatmap of the activation route (NVFP4 / INT8 / FP16 / skipped)."""
+    """Layers × steps heatmap of the activation route (NVFP4 / INT8 / FP16 / skipped), with one attention
+    row per block after its linears (8-bit / bf16 attention) when the trace records attention routes."""
     linears = list(trace.get("linears", []))
+    blocks = list(trace.get("blocks", []))
     steps = trace.get("steps", [])
     x = _steps_axis(trace, total_steps)
     if not linears:
         return placeholder("Activation precision per layer × step")
-    code = {r: i for i, r in enumerate(ROUTES)}
-    z: list[list[Any]] = [[None] * len(x) for _ in linears]
-    err: list[list[Any]] = [[None] * len(x) for _ in linears]
-    counts = dict.fromkeys(ROUTES, 0)
+    rows = _precision_rows(trace, linears)
+    keys = ROUTES + (ATTENTION_ROUTES if any(k == "attn" for k, _ in rows) else ())
+    code = {r: i for i, r in enumerate(ROUTES + ATTENTION_ROUTES)}
+    z: list[list[Any]] = [[None] * len(x) for _ in rows]
+    err: list[list[Any]] = [[None] * len(x) for _ in rows]
+    counts = dict.fromkeys(keys, 0)
     for j, st in enumerate(steps):
         routes = st.get("routes", [])
         preds = st.get("pred_err") or [None] * len(routes)
-        for i, r in enumerate(routes[: len(linears)]):
+        att = st.get("attention") or []
+        for r_i, (kind, i) in enumerate(rows):
+            if kind == "lin":
+                r, e = (routes[i], preds[i] if i < len(preds) else None) if i < len(routes) else (None, None)
+            else:
+                a = att[i] if i < len(att) else None
+                r = None if a is None else ("skipped" if a.get("route") == "skipped" else f"attn_{a.get('route')}")
+                e = None if a is None else a.get("pred_err")
             if r in code:
-                z[i][j] = code[r]
+                z[r_i][j] = code[r]
                 counts[r] += 1
-            err[i][j] = preds[i] if i < len(preds) else None
+            err[r_i][j] = e
     # hover: the full layer name and its predicted error; rows grouped by block (one label per block)
-    hover = [[[name, "–" if e is None else f"{e:.4f}"] for e in row] for name, row in zip(linears, err)]
+    names = [linears[i] if kind == "lin" else f"{blocks[i] if i < len(blocks) else f'block {i}'} · attention "
+             "(predicted error of 8-bit attention)" for kind, i in rows]
+    hover = [[[name, "–" if e is None else f"{e:.4f}"] for e in row] for name, row in zip(names, err)]
+    n_codes = len(ROUTES) + len(ATTENTION_ROUTES)
     fig = go.Figure(go.Heatmap(
-        z=z, x=x, y=list(range(len(linears))), customdata=hover, zmin=-0.5, zmax=len(ROUTES) - 0.5,
-        colorscale=_discrete_colorscale([ROUTE_COLORS[r] for r in ROUTES]), showscale=False,
-        xgap=1, ygap=0 if len(linears) > 60 else 1,
+        z=z, x=x, y=list(range(len(rows))), customdata=hover, zmin=-0.5, zmax=n_codes - 0.5,
+        colorscale=_discrete_colorscale([ROUTE_COLORS[r] for r in ROUTES + ATTENTION_ROUTES]), showscale=False,
+        xgap=1, ygap=0 if len(rows) > 60 else 1,
         hovertemplate="step %{x}<br>%{customdata[0]}<br>predicted error %{customdata[1]}<extra></extra>",
     ))
-    _legend_entries(fig, ROUTE_LABELS, ROUTE_COLORS, ROUTES, counts)
-    groups = block_groups(linears)
+    _legend_entries(fig, ROUTE_LABELS, ROUTE_COLORS, keys, counts)
+    groups = block_groups([linears[i] if kind == "lin" else f"{i}.attention" for kind, i in rows])
     for _, first, _ in groups[1:]:
         fig.add_hline(y=first - 0.5, line=dict(color="white", width=2))
-    fig.update_yaxes(autorange="reversed", title="linear layers, by block", tickmode="array",
+    title = "linear layers (+ attention), by block" if len(keys) > len(ROUTES) else "linear layers, by block"
+    fig.update_yaxes(autorange="reversed", title=title, tickmode="array",
                      tickvals=[(a + b) / 2 for _, a, b in groups], ticktext=[g for g, _, _ in groups],
                      showgrid=False, zeroline=False)
     fig.update_xaxes(title="denoising step", range=[-0.5, len(x) - 0.5], dtick=_dtick(len(x)))
     fig.update_layout(legend=_TOP_LEGEND)
-    h = height or int(min(900, max(300, 140 + 7 * len(linears))))
+    h = height or int(min(900, max(300, 140 + 7 * len(rows))))
     return _layout(fig, "", h)
 
 

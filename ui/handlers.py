@@ -51,6 +51,8 @@ COMPUTE_PATHS = {
     "portable-triton": "Portable Triton kernels (capability 8.0+, no Hopper-only features) — INT8 on tensor "
                        "cores; NVFP4 weights decoded to 16 bits and multiplied at 16-bit rate (a memory win). "
                        "Measured only on an H200 with the portable variant forced (docs/KERNELS.md).",
+    "attention-fp8-emulated": "The 8-bit attention ran as a plain-torch emulation of the kernel's numerics "
+                              "(backend 'torch'): its quality, not its speed.",
     "blackwell-native (unverified)": "Blackwell native FP4 tensor cores — unverified: this path has "
                                      "not been run by the project.",
 }
@@ -283,6 +285,9 @@ class DemoController:
         path = trace.get("compute_path", "unknown")
         device = trace.get("device") or six.extra.get("device") or info.device
         explain = explain_compute_path(path)
+        compiled = (trace.get("summary") or {}).get("kernels_compiled_s")
+        if compiled is not None:
+            explain += f" Kernels compiled in {compiled:.1f} s at `sixbit.apply` (not in the step times)."
         text = f"**Compute path: `{path}`** on `{device}` · model `{info.display_name}`\n\n{explain}"
         steps = base is not None and base.step_time_s and six.step_time_s
         b_s, s_s, per = (base.step_time_s, six.step_time_s, "per step") if steps else (

@@ -1,0 +1,200 @@
+"""Compile every Triton kernel configuration a run will use before its first step (issue 18 item 4).
+
+Triton compiles a kernel the first time it meets a new specialisation (constexpr block sizes, dtypes,
+which integer arguments are divisible by 16). Without a warm-up that happens inside the first steps that
+use a route — in a 20-step 2B bench run, steps 5 and 12 took 1.0–1.5 s instead of 0.6 s — and inside a
+user's first video. :func:`warm` runs, once and on a small problem, everything :func:`plan` says the
+configured run can reach:
+
+* every routed linear (one per distinct layer shape, weight formats and rotation) on every route the
+  config can decide — DMPQ's NVFP4 and INT8 (or W8A8), the 16-bit route of warm-up/PDR steps, a static
+  baseline's one route — and the weight-only W4A16 layers, through the layer itself (``SixBitLinear``:
+  the same resolution, activation cache and kernel options as the run);
+* the block-statistics kernel (Γ alone, and with the delta change when TDC keeps deltas) and PDR's
+  outlier count, on the blocks' stream widths;
+* each distinct attention (heads × head dim) through sixbit's processor: the fused q/k LayerNorm + rotary
+  kernel and every attention route the config can take (bf16 SDPA, 8-bit).
+
+It reuses the load-time self-check instead of adding a pass of its own: the first call of a route on a
+device *is* its self-check (``kernels/selfcheck.py``: the check runs the kernel on an input of the
+caller's width and compares it with the torch reference), so a warmed route is checked and compiled and
+the run's first real call finds both cached. Rows: ``rows`` (default :data:`ROWS`, a multiple of 16 and in
+the GEMMs' large size class, like a real video's M = 2 × 17,776) — a run whose row count is not a multiple
+of 16, or below the large class, may still compile once more.
+
+On the CPU it does nothing unless asked (``force=True``: the plan runs on the torch reference, or in
+Triton's interpreter under ``selfcheck.interpreter_dispatch`` — what the tests use to count the visits).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from sixbit.routes import FP16, INT8, NVFP4, STATIC, W4A16
+
+__all__ = ["ROWS", "Warmup", "plan", "warm", "linear_routes", "attention_routes"]
+
+LOG = logging.getLogger("sixbit")
+#: rows of the warm-up problems: the GEMMs' large size class (``gemm_w4.DECODE_ONCE_MIN_M``), a multiple of 16
+ROWS = 1024
+_TEXT, _VIDEO = 16, 112  # attention warm-up tokens: text + video = 128 (one key block)
+
+
+@dataclass
+class Warmup:
+    """What :func:`warm` ran: ``items`` (one name per kernel configuration visited) and the seconds it took."""
+
+    seconds: float = 0.0
+    items: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"kernels compiled in {self.seconds:.1f} s ({len(self.items)} configurations)"
+
+
+def linear_routes(cfg) -> list[str]:
+    """The routes a routed linear can be given under ``cfg`` (before the layer resolves them)."""
+    if not cfg.quantized:
+        return []
+    if cfg.quant in STATIC:
+        return [STATIC[cfg.quant]]
+    out = [NVFP4, INT8]
+    if cfg.warmup_steps > 0 or cfg.pdr:
+        out.append(FP16)
+    return out
+
+
+def attention_routes(cfg, has_fits: bool) -> list[str]:
+    """The attention routes a computed block can take under ``cfg`` (``has_fits``: the policy has fits)."""
+    fp8 = cfg.attention == "fp8" or (cfg.attention == "policy" and has_fits)
+    return ["bf16", "fp8"] if fp8 else ["bf16"]
+
+
+def plan(handle) -> list[tuple[str, object]]:
+    """``[(name, fn)]``: one call per kernel configuration the handle's run can use (see the module docstring)."""
+    cfg, items, seen = handle.cfg, [], set()
+    for m in handle.modules:
+        for r in linear_routes(cfg):
+            key = ("linear", m.in_features, m.out_features, m.packed.formats, m.packed.hadamard_block, m.resolve(r))
+            if key not in seen:
+                seen.add(key)
+                items.append((f"linear {m.in_features}→{m.out_features} {m.resolve(r)}", _linear(m, r)))
+    for m in handle.weight_only_modules:
+        key = ("linear", m.in_features, m.out_features, m.packed.formats, None, W4A16)
+        if key not in seen:
+            seen.add(key)
+            items.append((f"linear {m.in_features}→{m.out_features} {W4A16}", _linear(m, W4A16)))
+    widths = sorted(set(_stream_widths(handle)))
+    keep = cfg.tdc or handle.schedule is not None
+    for w in widths:
+        items.append((f"block_stats {w}", _block_stats(w, None, keep, cfg.backend)))
+        if keep:
+            items.append((f"block_stats {w} + delta change", _block_stats(w, True, keep, cfg.backend)))
+        if cfg.pdr and cfg.quant == "dmpq":
+            items.append((f"outlier_count {w}", _outliers(w, cfg)))
+    has_fits = any(h.attention_fit is not None for h in handle.block_hooks)
+    # the rotary tables' presence selects a kernel variant: warm the one the model's calls will use
+    rope = bool(getattr(getattr(handle.transformer, "config", None), "use_rotary_positional_embeddings", False))
+    for hook in handle.block_hooks:
+        for proc in hook.attn_procs:
+            attn = _attention_module(handle, proc)
+            if attn is None:
+                continue
+            key = ("attention", attn.heads, attn.to_k.out_features, attn.is_cross_attention)
+            for r in attention_routes(cfg, has_fits):
+                if key + (r,) not in seen:
+                    seen.add(key + (r,))
+                    items.append((f"attention {attn.heads}×{attn.to_k.out_features // attn.heads} {r}",
+                                  _attention(attn, proc, r, rope)))
+    return items
+
+
+def warm(handle, *, force: bool = False) -> Warmup | None:
+    """Run :func:`plan` once, timed (on a CUDA device, or anywhere with ``force``); None when skipped."""
+    dev = handle.run.device
+    if dev.type != "cuda" and not force:
+        return None
+    t0 = time.perf_counter()
+    out = Warmup()
+    with torch.no_grad():
+        for name, fn in plan(handle):
+            fn(dev, _dtype(handle))
+            out.items.append(name)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    out.seconds = time.perf_counter() - t0
+    LOG.info("sixbit: %s on %s", out.line(), dev)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the calls
+def _dtype(handle) -> torch.dtype:
+    return next((p.dtype for p in handle.transformer.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _rand(*shape, device, dtype, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+
+def _linear(m, route: str):
+    def run(dev, dtype):
+        saved = m.route
+        try:
+            m.route = route
+            m(_rand(1, ROWS, m.in_features, device=dev, dtype=dtype))
+        finally:
+            m.route = saved
+    return run
+
+
+def _stream_widths(handle) -> list[int]:
+    """Hidden widths of the blocks' streams: the input width of each block's first routed linear."""
+    out = []
+    for hook, (_, block) in zip(handle.block_hooks, handle.adapter.blocks(handle.transformer)):
+        lins = hook.layers or [lin for _, lin in handle.adapter.block_linears(block)]
+        if lins:
+            out.append(lins[0].in_features)
+    return out
+
+
+def _block_stats(width: int, old, keep: bool, backend: str):
+    def run(dev, dtype):
+        from sixbit.hooks import block_stats
+
+        ins = [_rand(1, ROWS // 8, width, device=dev, dtype=dtype, seed=1)]
+        outs = [_rand(1, ROWS // 8, width, device=dev, dtype=dtype, seed=2)]
+        block_stats(outs, ins, [o - i for o, i in zip(outs, ins)] if old else None, keep, backend)
+    return run
+
+
+def _outliers(width: int, cfg):
+    def run(dev, dtype):
+        from sixbit.linear import ops
+
+        ops().outlier_count(_rand(1, ROWS // 8, width, device=dev, dtype=dtype, seed=3), cfg.pdr_k_sigma, cfg.backend)
+    return run
+
+
+def _attention_module(handle, proc):
+    return next((m for m in handle.transformer.modules() if getattr(m, "processor", None) is proc), None)
+
+
+def _attention(attn, proc, route: str, rope: bool):
+    def run(dev, dtype):
+        width = attn.to_q.in_features
+        head_dim = attn.to_k.out_features // attn.heads
+        hs = _rand(1, _VIDEO, width, device=dev, dtype=dtype, seed=4)
+        enc = _rand(1, _TEXT, width, device=dev, dtype=dtype, seed=5)
+        angle = _rand(_VIDEO, head_dim, device=dev, dtype=torch.float32, seed=6)
+        saved = proc.attention_route
+        try:
+            proc.attention_route = route
+            attn(hs, encoder_hidden_states=enc, image_rotary_emb=(angle.cos(), angle.sin()) if rope else None)
+        finally:
+            proc.attention_route = saved
+    return run
+
