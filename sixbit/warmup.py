@@ -13,7 +13,9 @@ configured run can reach:
 * the block-statistics kernel (Γ alone, and with the delta change when TDC keeps deltas) and PDR's
   outlier count, on the blocks' stream widths;
 * each distinct attention (heads × head dim) through sixbit's processor: the fused q/k LayerNorm + rotary
-  kernel and every attention route the config can take (bf16 SDPA, 8-bit).
+  kernel and every attention route the config can take (bf16 SDPA, 8-bit);
+* the fused norm + modulate → INT8 producer (``sixbit/fused.py``) of each distinct block width, both operand
+  forms, where the config can route INT8 (its own self-check runs on that first call).
 
 It reuses the load-time self-check instead of adding a pass of its own: the first call of a route on a
 device *is* its self-check (``kernels/selfcheck.py``: the check runs the kernel on an input of the
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sixbit.routes import FP16, INT8, NVFP4, STATIC, W4A16
+from sixbit.routes import FP16, INT8, NVFP4, STATIC, W4A16, W8A8
 
 __all__ = ["ROWS", "Warmup", "plan", "warm", "linear_routes", "attention_routes"]
 
@@ -109,6 +111,18 @@ def plan(handle) -> list[tuple[str, object]]:
                     seen.add(key + (r,))
                     items.append((f"attention {attn.heads}×{attn.to_k.out_features // attn.heads} {r}",
                                   _attention(attn, proc, r, rope)))
+    if cfg.fused_producers and handle.adapter.family == "cogvideox" and {INT8, W8A8} & set(linear_routes(cfg)):
+        from sixbit import fused
+
+        for _, block in handle.adapter.blocks(handle.transformer):
+            w = block.norm1.norm.normalized_shape[0] if fused.applies(block) else None
+            for dense in (False, True):
+                key = ("producer", w, dense)
+                if w is not None and w <= fused.MAX_DIM and key not in seen:
+                    seen.add(key)
+                    items.append((f"norm_modulate_int8 {w}{' dense' if dense else ''}",
+                                  _producer(block.norm1, dense, handle.modules[0].packed.hadamard_block,
+                                            cfg.backend)))
     return items
 
 
@@ -176,6 +190,22 @@ def _outliers(width: int, cfg):
         from sixbit.linear import ops
 
         ops().outlier_count(_rand(1, ROWS // 8, width, device=dev, dtype=dtype, seed=3), cfg.pdr_k_sigma, cfg.backend)
+    return run
+
+
+def _producer(norm, dense: bool, hadamard_block, backend: str):
+    def run(dev, dtype):
+        from sixbit.linear import ops
+
+        w = norm.norm.normalized_shape[0]
+        x = _rand(1, _VIDEO, w, device=dev, dtype=dtype, seed=7)
+        if not ops().producers_supported(x, backend):
+            return
+        enc = _rand(1, _TEXT, w, device=dev, dtype=dtype, seed=8)
+        s = _rand(1, w, device=dev, dtype=dtype, seed=9)
+        ln = norm.norm
+        ops().norm_modulate_int8([(enc, 1 + s, s), (x, 1 + s, s)], ln.weight, ln.bias, ln.eps, hadamard_block,
+                                 dense=dense, backend=backend)
     return run
 
 

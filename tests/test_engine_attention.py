@@ -120,6 +120,9 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         assert {"attention 2×32 bf16", "attention 2×32 fp8"} <= set(names)
         assert any(n.startswith("block_stats") and "delta change" in n for n in names)
         assert any(n.startswith("outlier_count") for n in names)
+        dim = pipe.transformer.config.num_attention_heads * pipe.transformer.config.attention_head_dim
+        assert {n for n in names if n.startswith("norm_modulate_int8")} == {  # the fused producer, both forms
+            f"norm_modulate_int8 {dim}", f"norm_modulate_int8 {dim} dense"}
         assert len(names) == len(set(names))
         seen = []
         real = ops().linear
@@ -132,8 +135,9 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         names = [n for n, _ in warmup.plan(h)]
         assert all(n.endswith("w8a8") for n in names if n.startswith("linear"))
         assert not any(n.endswith("fp8") for n in names)  # static baselines keep bf16 attention
+        assert any(n.startswith("norm_modulate_int8") for n in names)
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), policy=pol) as h:
-        assert not any(n.startswith("linear") for n, _ in warmup.plan(h))
+        assert not any(n.startswith(("linear", "norm_modulate_int8")) for n, _ in warmup.plan(h))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="apply() compiles on a GPU only")
