@@ -5,7 +5,8 @@ best peer's estimated 2B speed-up, and sixbit's memory row ≥ 3× smaller weigh
 speed estimate, the baseline included; a row whose videos are all identical to the reference sits at +∞ dB),
 linearly interpolated between its two neighbouring points — a user can set a threshold between two measured
 ones; above the front's best finite PSNR, the fastest row at least that good (a step); below its worst, its
-fastest row. *At that speed*: the peer rows whose estimated speed-up is at least the sixbit row's (at any
+fastest row. Only rows with every video of the baseline (the same prompts and seeds) take part. *At that
+speed*: the peer rows whose estimated speed-up is at least the sixbit row's (at any
 quality); when none is that fast, every peer row.
 """
 
@@ -18,10 +19,15 @@ SPEED_TARGET, MEMORY_TARGET = 1.2, 3.0
 
 def _points(q: dict, est: dict) -> list[tuple[str, float, float, int | None]]:
     """(row, PSNR, est. speed-up, weight bytes) of every row with both a mini quality and a speed estimate."""
+    def videos(r):  # videos with a PSNR (an identical one counts as +inf)
+        s = r["summary"].get("psnr") or {}
+        return s.get("n", 0) + s.get("n_inf", 0)
+
+    full = videos(q["rows"]["baseline"])
     pts = []
     for name, r in q["rows"].items():
         s = r["summary"].get("psnr") or {}
-        if name not in est or not (s.get("n") or s.get("n_inf")):
+        if name not in est or not videos(r) or videos(r) < full:  # only rows run on every video of the baseline
             continue
         psnr = s["mean"] if s.get("n") else math.inf
         pts.append((name, psnr, est[name]["speedup"], est[name].get("weight_bytes")))

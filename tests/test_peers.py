@@ -249,3 +249,16 @@ def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):
     assert fams["fbc"]["units_skip"] == 2 < fams["fbc"]["units_full"] == 6  # only the first block computed
     assert len(fams["fbc"]["modes"]["skip"]["step_s"]) == 3 and res["protocol"]
     assert "| fbc (fbc_0.05) |" in (tmp_path / "smoke.md").read_text()
+
+
+@pytest.mark.parametrize("size,params,blocks", [("2b", 1.69e9, 30), ("5b", 5.57e9, 42)])
+def test_speed_sizes_are_the_real_cogvideox_transformers(size, params, blocks):
+    """`speed --sizes 2b 5b` builds these (on the meta device here: no memory)."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    from benchmarks.common import SIZES
+
+    with torch.device("meta"):
+        tr = CogVideoXTransformer3DModel(**SIZES[size])
+    assert sum(p.numel() for p in tr.parameters()) == pytest.approx(params, rel=0.01)
+    assert len(tr.transformer_blocks) == blocks
