@@ -5,8 +5,8 @@ best peer's estimated 2B speed-up, and sixbit's memory row ≥ 3× smaller weigh
 speed estimate, the baseline included; a row whose videos are all identical to the reference sits at +∞ dB),
 linearly interpolated between its two neighbouring points — a user can set a threshold between two measured
 ones; above the front's best finite PSNR, the fastest row at least that good (a step); below its worst, its
-fastest row. Only rows with every video of the baseline (the same prompts and seeds) take part. *At that
-speed*: the peer rows whose estimated speed-up is at least the sixbit row's (at any
+fastest row. Only rows run on every prompt take part (with one seed or more: the *n* of the tables). *At
+that speed*: the peer rows whose estimated speed-up is at least the sixbit row's (at any
 quality); when none is that fast, every peer row.
 """
 
@@ -23,11 +23,10 @@ def _points(q: dict, est: dict) -> list[tuple[str, float, float, int | None]]:
         s = r["summary"].get("psnr") or {}
         return s.get("n", 0) + s.get("n_inf", 0)
 
-    full = videos(q["rows"]["baseline"])
     pts = []
     for name, r in q["rows"].items():
         s = r["summary"].get("psnr") or {}
-        if name not in est or not videos(r) or videos(r) < full:  # only rows run on every video of the baseline
+        if name not in est or videos(r) < len(q["prompts"]):  # only rows run on every prompt
             continue
         psnr = s["mean"] if s.get("n") else math.inf
         pts.append((name, psnr, est[name]["speedup"], est[name].get("weight_bytes")))

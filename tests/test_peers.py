@@ -182,8 +182,11 @@ def test_goal_front_and_interpolation():
 
     def row(psnr, n=1):
         return {"summary": {"psnr": {"mean": psnr, "n": n, "n_inf": 0 if n else 1}}}
-    q = {"rows": {**{n: row(p, 0 if p == float("inf") else 1) for n, p, _, _ in pts}, "sixbit_x": row(45.0)}}
+    q = {"prompts": ["p"], "rows": {**{n: row(p, 0 if p == float("inf") else 1) for n, p, _, _ in pts},
+                                    "sixbit_x": row(45.0), "sixbit_unfinished": row(60.0, 0) | {"summary": {}}}}
     est = {n: {"speedup": s, "weight_bytes": w} for n, _, s, w in pts} | {"sixbit_x": {"speedup": 2.1, "weight_bytes": 2}}
+    est["sixbit_unfinished"] = {"speedup": 9.0, "weight_bytes": 1}
+    assert set(goal(q, est)["rows"]) == {"sixbit_x"}  # a row with no video on some prompt takes no part
     g = goal(q, est)["rows"]["sixbit_x"]
     assert g["speed_ratio"] == pytest.approx(2.1 / 1.75) and g["peer_weight_row"] == "c"  # only c is ≥ 2.1×
     assert g["memory_ratio"] == 5.0
