@@ -132,7 +132,7 @@ def quality(args) -> dict:
         pipe = fresh()
         ctx = Ctx(args.steps, device, mag_ratios=mag and mag["ratios"], num_blocks=len(pipe.transformer.transformer_blocks))
         meta: dict[str, Any] = {"name": name, "label": row.label, "family": row.family, "settings": row.settings,
-                                "note": row.note}
+                                "note": row.note, "command": environment("cpu")["command"]}
         undo = None
         try:
             undo = row.apply(pipe, ctx)
@@ -183,6 +183,17 @@ def _stats(values) -> dict[str, float]:
             "n_inf": n_inf}
 
 
+def _keep_rows(path: Path, payload: dict, run: Path, drop: bool) -> None:
+    """Refuse to overwrite a result file with one that lost rows (a run dir without them: another machine, a
+    cleaned /tmp) unless ``--drop-missing``."""
+    if drop or not path.exists():
+        return
+    lost = [n for n, r in json.loads(path.read_text())["rows"].items() if r.get("n") and n in payload["not_run"]]
+    if lost:
+        raise SystemExit(f"{path} has rows that {run} has no videos of: {' '.join(lost)} — point --run-dir at the "
+                         "run that made them, re-run them, or pass --drop-missing")
+
+
 def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
     """The result files from what ``run`` holds: every row with videos of these prompts and seeds (whichever
     invocation made them), the rows it has none of listed as not run, the GPU-only rows with their reason."""
@@ -217,9 +228,11 @@ def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
                            "blocks × steps), the same forward hook for every row (benchmarks/peers_rows.py)"}
     from benchmarks.peers_report import quality_markdown
 
+    payload["commands"] = list(dict.fromkeys(r["command"] for r in rows.values() if r.get("command")))
     name = args.name or f"peers_mini_{args.steps}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _keep_rows(out / f"{name}.json", payload, run, args.drop_missing)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     md = quality_markdown(payload)
     (out / f"{name}.md").write_text(md)
@@ -245,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--out", default=str(RESULTS))
     q.add_argument("--name", default=None)
     q.add_argument("--summarize-only", action="store_true", help="write the result files from what --run-dir holds")
+    q.add_argument("--drop-missing", action="store_true",
+                   help="let the result files lose rows the run dir has no videos of (refused otherwise)")
     s = sub.add_parser("speed", help="unit costs at CogVideoX sizes (GPU; see benchmarks/peers_speed.py)")
     from benchmarks.peers_speed import add_arguments
 

@@ -70,8 +70,9 @@ def quality_markdown(payload: dict) -> str:
            "MagCache ratios: " + (f"calibrated by its `calibrate=True` run on “{mag['prompt']}” (seed {mag['seed']}), "
                                   "a prompt outside the evaluation set." if mag else "not calibrated (no MagCache row)."),
            "", "- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
-           f"- command: `{env['command']}`", ""]
-    return "\n".join(md)
+           f"- command (this summary): `{env['command']}`"]
+    md += [f"- rows run by: `{c}`" for c in payload.get("commands", [])]
+    return "\n".join(md + [""])
 
 
 # ------------------------------------------------------------------------------------------ speed + chart

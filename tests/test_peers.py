@@ -168,6 +168,11 @@ def test_quality_summary_uses_the_quality_benchmarks_prompts(tmp_path):
     assert set(res["not_run"]) == set(CPU_ROWS)
     assert {n for n, r in res["rows"].items() if r.get("gpu_only")} == {n for n, r in ROWS.items() if r.gpu_only}
     assert "GPU only: SageAttention on the CPU" in (tmp_path / "q.md").read_text()
+    res["rows"]["fbc_0.1"] = {"n": 24}  # a result file with a row this run dir has no videos of: kept
+    (tmp_path / "q.json").write_text(json.dumps(res))
+    with pytest.raises(SystemExit, match="fbc_0.1"):
+        main(["quality", "--steps", "3", "--prompts", "2", "--seeds", "1", "--summarize-only", "--run-dir",
+              str(tmp_path / "run"), "--out", str(tmp_path), "--name", "q"])
 
 
 def test_goal_front_and_interpolation():
