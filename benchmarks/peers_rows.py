@@ -433,6 +433,9 @@ def build_rows() -> list[Row]:
         R("sixbit_full_w8a8", "sixbit_full_w8a8", "sixbit full, INT8 decisions on W8A8", sixbit_row("full", int8_route="w8a8")),
         R("sixbit_w8a8_tdc", "sixbit_w8a8_tdc", "sixbit static W8A8 + TDC", sixbit_row("w8a8", tdc=True)),
         R("sixbit_aggressive", "sixbit_aggressive", "sixbit aggressive", sixbit_row("aggressive")),
+        # the memory row: the modulation linears (left in 16 bits by the presets) packed weight-only 4-bit too
+        R("sixbit_full_mod4", "sixbit_full_mod4", "sixbit full, 4-bit modulation weights (modulation_weights=nvfp4)",
+          sixbit_row("full", modulation_weights="nvfp4")),
     ]
     names = [r.name for r in rows]
     assert len(names) == len(set(names)), "duplicate row names"
