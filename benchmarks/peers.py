@@ -1,6 +1,7 @@
 """The peer arena: sixbit against the tools a user would pick instead, on the same model, counted the same way.
 
     python -m benchmarks.peers quality --steps 20          # CPU: sixbit-mini, every row (resumable)
+    python -m benchmarks.peers quality --steps 20 --rows sixbit --fresh   # re-run sixbit's rows only
     python -m benchmarks.peers speed --sizes 2b            # GPU: unit costs at CogVideoX sizes (benchmarks/peers_speed.py)
     python -m benchmarks.peers weights --sizes 2b          # CPU: torchao int8 weight bytes at real sizes
     python -m benchmarks.peers report                      # tables + Pareto chart from the result files
@@ -12,12 +13,14 @@ quantization; SageAttention; user-assembled stacks; sixbit's presets. Each peer 
 plus a small sweep of its main knob.
 
 quality
-    On sixbit-mini with the prompts and seeds of ``python -m benchmarks quality`` (``prompt_set(7, n)``,
-    seeds 0..s-1), FP32 on the CPU: PSNR / SSIM / flow error against the FP32 video of the same prompt and
+    On sixbit-mini with the prompts, seeds and generation arguments of ``python -m benchmarks quality``
+    (``benchmarks.common.mini_setup``: the first ``--prompts`` of its 12; seeds 0..s-1), FP32 on the CPU: PSNR / SSIM / flow error against the FP32 video of the same prompt and
     seed (``sixbit.metrics``), adherence (sixbit-mini's judge), the fraction of block evaluations computed —
     counted for every row by the same :class:`~benchmarks.peers_rows.WorkCounter` (the attention's output
     projection really running) — with its per-step pattern, and the transformer's weight bytes. One JSON per
-    row × prompt × seed under ``--run-dir``, reused on a re-run: stop and restart freely.
+    row × prompt × seed under ``--run-dir``, reused on a re-run: stop and restart freely. The result files
+    list every row the run dir holds; ``--fresh`` deletes the cached videos of ``--rows`` first (after a
+    change of sixbit's defaults: ``--rows sixbit --fresh``).
 
 Results: ``benchmarks/results/peers_mini_<steps>.{json,md}`` (device, versions, command, settings).
 """
