@@ -1,6 +1,7 @@
 """The peer arena: sixbit against the tools a user would pick instead, on the same model, counted the same way.
 
     python -m benchmarks.peers quality --steps 20          # CPU: sixbit-mini, every row (resumable)
+    python -m benchmarks.peers quality --steps 20 --rows sixbit --fresh   # re-run sixbit's rows only
     python -m benchmarks.peers speed --sizes 2b            # GPU: unit costs at CogVideoX sizes (benchmarks/peers_speed.py)
     python -m benchmarks.peers weights --sizes 2b          # CPU: torchao int8 weight bytes at real sizes
     python -m benchmarks.peers report                      # tables + Pareto chart from the result files
@@ -12,12 +13,14 @@ quantization; SageAttention; user-assembled stacks; sixbit's presets. Each peer 
 plus a small sweep of its main knob.
 
 quality
-    On sixbit-mini with the prompts and seeds of ``python -m benchmarks quality`` (``prompt_set(7, n)``,
-    seeds 0..s-1), FP32 on the CPU: PSNR / SSIM / flow error against the FP32 video of the same prompt and
+    On sixbit-mini with the prompts, seeds and generation arguments of ``python -m benchmarks quality``
+    (``benchmarks.common.mini_setup``: the first ``--prompts`` of its 12; seeds 0..s-1), FP32 on the CPU: PSNR / SSIM / flow error against the FP32 video of the same prompt and
     seed (``sixbit.metrics``), adherence (sixbit-mini's judge), the fraction of block evaluations computed —
     counted for every row by the same :class:`~benchmarks.peers_rows.WorkCounter` (the attention's output
     projection really running) — with its per-step pattern, and the transformer's weight bytes. One JSON per
-    row × prompt × seed under ``--run-dir``, reused on a re-run: stop and restart freely.
+    row × prompt × seed under ``--run-dir``, reused on a re-run: stop and restart freely. The result files
+    list every row the run dir holds; ``--fresh`` deletes the cached videos of ``--rows`` first (after a
+    change of sixbit's defaults: ``--rows sixbit --fresh``).
 
 Results: ``benchmarks/results/peers_mini_<steps>.{json,md}`` (device, versions, command, settings).
 """
@@ -60,28 +63,52 @@ def _uint8(video: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(np.asarray(video, np.float64) * 255.0), 0, 255).astype(np.uint8)
 
 
+#: ``--rows sixbit``: every sixbit row (what the lead re-runs after a change of sixbit's defaults)
+GROUPS = {"sixbit": [n for n in ROWS if n.startswith("sixbit_")]}
+
+
+def row_names(requested: list[str] | None) -> list[str]:
+    """The rows to run, in order: the baseline (the reference videos) first, groups expanded, GPU-only rows
+    left out (their reason is in the tables)."""
+    names = [m for n in (requested or ROWS) for m in GROUPS.get(n, [n])]
+    return [n for n in dict.fromkeys(["baseline", *names]) if not ROWS[n].gpu_only]
+
+
+def forget(run: Path, names: list[str]) -> int:
+    """Delete the cached videos, metadata and recorded schedules of ``names`` under ``run`` (``--fresh``),
+    except the baseline's: they are every row's reference."""
+    paths = [p for n in names if n != "baseline"
+             for pat in (f"{n}__*_*.json", f"row__{n}.json", f"schedule__{n}.json") for p in run.glob(pat)]
+    for p in paths:
+        p.unlink()
+    return len(paths)
+
+
 def quality(args) -> dict:
-    import sixbit
     from sixbit.metrics import compare
-    from sixbit.mini import DEFAULT_GENERATION
     from sixbit.mini.data import prompt_set
     from sixbit.mini.judge import judge
 
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
-    gen = {**DEFAULT_GENERATION, "num_inference_steps": args.steps}
-    # the first --prompts of the 12 prompts of `python -m benchmarks quality` (its default set)
-    prompts = prompt_set(7, max(12, args.prompts), split="train")[:args.prompts]
+    # the first --prompts of the 12 prompts of `python -m benchmarks quality` (its default set; the cache
+    # under --run-dir is keyed by their index)
+    first, gen, drawn = common.mini_setup(None, device, args.steps, max(12, args.prompts))
+    prompts = drawn[:args.prompts]
     seeds = list(range(args.seeds))
     run = Path(args.run_dir or Path(tempfile.gettempdir()) / "sixbit-peers" / f"mini_{args.steps}")
     run.mkdir(parents=True, exist_ok=True)
-    names = ["baseline", *[n for n in (args.rows or ROWS) if n != "baseline"]]
-    names = [n for n in names if not ROWS[n].gpu_only]
+    names = row_names(args.rows)
+    if args.fresh and not args.summarize_only:
+        print(f"[peers] --fresh: {forget(run, names)} cached files deleted", flush=True)
+    spare = [first]
 
     def fresh():
-        pipe = sixbit.load_pipeline(None, device=device, dtype=torch.float32)
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+        return spare.pop() if spare else common.mini_setup(None, device, args.steps, 1)[0]
+
+    def cached(name, pi, seed) -> bool:  # a video of this row, prompt and seed (the prompt text checked)
+        p = run / f"{name}__{pi}_{seed}.json"
+        return p.exists() and json.loads(p.read_text())["prompt"] == prompts[pi]
 
     def generate(pipe, prompt, seed):
         t0 = time.perf_counter()
@@ -101,14 +128,14 @@ def quality(args) -> dict:
     total, done = len(names) * len(prompts) * len(seeds), 0
     for name in [] if args.summarize_only else names:
         row = ROWS[name]
-        todo = [(pi, s) for pi in range(len(prompts)) for s in seeds if not (run / f"{name}__{pi}_{s}.json").exists()]
+        todo = [(pi, s) for pi in range(len(prompts)) for s in seeds if not cached(name, pi, s)]
         done += len(prompts) * len(seeds) - len(todo)
         if not todo and (run / f"row__{name}.json").exists():
             continue
         pipe = fresh()
         ctx = Ctx(args.steps, device, mag_ratios=mag and mag["ratios"], num_blocks=len(pipe.transformer.transformer_blocks))
         meta: dict[str, Any] = {"name": name, "label": row.label, "family": row.family, "settings": row.settings,
-                                "note": row.note}
+                                "note": row.note, "command": environment("cpu")["command"]}
         undo = None
         try:
             undo = row.apply(pipe, ctx)
@@ -145,7 +172,7 @@ def quality(args) -> dict:
                 undo()
         (run / f"row__{name}.json").write_text(json.dumps(meta))
         del pipe
-    return summarize(run, args, names, prompts, seeds, gen, mag)
+    return summarize(run, args, prompts, seeds, gen, mag)
 
 
 def _stats(values) -> dict[str, float]:
@@ -159,13 +186,34 @@ def _stats(values) -> dict[str, float]:
             "n_inf": n_inf}
 
 
-def summarize(run: Path, args, names, prompts, seeds, gen, mag) -> dict:
+def _keep_rows(path: Path, payload: dict, run: Path, drop: bool) -> None:
+    """Refuse to overwrite a result file with one that lost rows (a run dir without them: another machine, a
+    cleaned /tmp) unless ``--drop-missing``."""
+    if drop or not path.exists():
+        return
+    lost = [n for n, r in json.loads(path.read_text())["rows"].items() if r.get("n") and n in payload["not_run"]]
+    if lost:
+        raise SystemExit(f"{path} has rows that {run} has no videos of: {' '.join(lost)} — point --run-dir at the "
+                         "run that made them, re-run them, or pass --drop-missing")
+
+
+def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
+    """The result files from what ``run`` holds: every row with videos of these prompts and seeds (whichever
+    invocation made them), the rows it has none of listed as not run, the GPU-only rows with their reason."""
     rows: dict[str, Any] = {}
-    for name in names:
+    missing = []
+    for name, row in ROWS.items():
+        if row.gpu_only:
+            rows[name] = {"name": name, "label": row.label, "family": row.family, "gpu_only": True, "n": 0,
+                          "reason": row.reason, "summary": {}}
+            continue
         meta_p = run / f"row__{name}.json"
-        meta = json.loads(meta_p.read_text()) if meta_p.exists() else {"name": name, "label": ROWS[name].label}
-        paths = [run / f"{name}__{pi}_{s}.json" for pi in range(len(prompts)) for s in seeds]
-        recs = [json.loads(p.read_text()) for p in paths if p.exists()]
+        meta = json.loads(meta_p.read_text()) if meta_p.exists() else {"name": name, "label": row.label}
+        paths = [(pi, run / f"{name}__{pi}_{s}.json") for pi in range(len(prompts)) for s in seeds]
+        recs = [r for pi, p in paths if p.exists() for r in [json.loads(p.read_text())] if r["prompt"] == prompts[pi]]
+        if not recs and "error" not in meta:
+            missing.append(name)
+            continue
         entry = {**meta, "n": len(recs), "summary": {m: _stats([r.get(m) for r in recs]) for m in METRICS}}
         if recs:
             entry["per_step_computed"] = [float(x) for x in np.mean([r["per_step"] for r in recs], axis=0)]
@@ -178,14 +226,16 @@ def summarize(run: Path, args, names, prompts, seeds, gen, mag) -> dict:
         rows[name] = entry
     env = environment("cpu")
     payload = {"benchmark": "peers_quality", "model": "sixbit-mini", "generation": gen, "prompts": prompts,
-               "seeds": seeds, "magcache_calibration": mag, "environment": env, "rows": rows,
+               "seeds": seeds, "magcache_calibration": mag, "environment": env, "rows": rows, "not_run": missing,
                "counting": "computed fraction = attention output-projection rows actually run / (2 CFG rows × "
                            "blocks × steps), the same forward hook for every row (benchmarks/peers_rows.py)"}
     from benchmarks.peers_report import quality_markdown
 
+    payload["commands"] = list(dict.fromkeys(r["command"] for r in rows.values() if r.get("command")))
     name = args.name or f"peers_mini_{args.steps}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _keep_rows(out / f"{name}.json", payload, run, args.drop_missing)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     md = quality_markdown(payload)
     (out / f"{name}.md").write_text(md)
@@ -200,12 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--steps", type=int, default=20)
     q.add_argument("--prompts", type=int, default=12)
     q.add_argument("--seeds", type=int, default=2)
-    q.add_argument("--rows", nargs="*", choices=list(ROWS))
+    q.add_argument("--rows", nargs="*", choices=[*ROWS, *GROUPS],
+                   help="rows to run (default: all; 'sixbit' = every sixbit row); the result files list every "
+                        "row the run dir holds")
+    q.add_argument("--fresh", action="store_true",
+                   help="delete the cached videos of --rows first (never the baseline's): after sixbit's "
+                        "defaults change, `--rows sixbit --fresh` re-runs sixbit's rows alone")
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--run-dir", default=None, help="per-video JSON cache (default: $TMPDIR/sixbit-peers/mini_<steps>)")
     q.add_argument("--out", default=str(RESULTS))
     q.add_argument("--name", default=None)
     q.add_argument("--summarize-only", action="store_true", help="write the result files from what --run-dir holds")
+    q.add_argument("--drop-missing", action="store_true",
+                   help="let the result files lose rows the run dir has no videos of (refused otherwise)")
     s = sub.add_parser("speed", help="unit costs at CogVideoX sizes (GPU; see benchmarks/peers_speed.py)")
     from benchmarks.peers_speed import add_arguments
 
@@ -215,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--out", default=str(RESULTS))
     r = sub.add_parser("report", help="tables and the Pareto chart from the result files")
     r.add_argument("--quality", nargs="*", default=None, help="peers_mini_*.json (default: all in results)")
-    r.add_argument("--speed", default=None, help="peers_speed_*.json (default: the newest in results)")
+    r.add_argument("--speed", nargs="*", default=None,
+                   help="peers_speed_*.json (default: every one in results, merged: the newest entry per size × family)")
     r.add_argument("--size", default="2b", help="which size of the speed file the chart uses")
     r.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)

@@ -29,32 +29,50 @@ def _mb(b) -> str:
     return "—" if b is None else f"{b / 2**20:.1f}"
 
 
+def _cannot(r: dict) -> str | None:
+    """The one-line reason a row has no quality here (a GPU-only row, or an error), else None."""
+    if r.get("gpu_only"):
+        return "GPU only: " + r.get("reason", "")
+    if r.get("error") and not r.get("n"):
+        return "cannot run: " + r["error"][:160]
+    return None
+
+
+def _not_run(payload: dict) -> list[str]:
+    names = payload.get("not_run")
+    return ["", "Not run at this step count (CPU time): " + ", ".join(f"`{n}`" for n in names) + "."] if names else []
+
+
 def quality_markdown(payload: dict) -> str:
     g = payload["generation"]
     env = payload["environment"]
     md = [f"# Peer arena on sixbit-mini — {len(payload['prompts'])} prompts × {len(payload['seeds'])} seeds, "
           f"{g['num_inference_steps']} steps", "",
-          "Mean ± standard deviation over prompts × seeds. PSNR / SSIM / flow error against the FP32 video of the "
-          "same prompt and seed; adherence = sixbit-mini's judge (%). *computed* = " + payload["counting"] + ". "
-          "*weights MB* = the transformer's parameter + buffer bytes as the row leaves it (torchao's packed "
-          "tensors counted by their inner storage; sixbit's from `handle.memory()`).", "",
-          "| row | PSNR dB ↑ | SSIM ↑ | flow err ↓ | adherence % | computed | weights MB | s / video |",
-          "|---|---|---|---|---|---|---|---|"]
+          "Mean ± standard deviation over the row's videos (*n* = prompts × seeds it ran). PSNR / SSIM / flow "
+          "error against the FP32 video of the same prompt and seed; adherence = sixbit-mini's judge (%). "
+          "*computed* = " + payload["counting"] + ". *weights MB* = the transformer's parameter + buffer bytes as "
+          "the row leaves it (torchao's packed tensors counted by their inner storage; sixbit's from "
+          "`handle.memory()`).", "",
+          "| row | n | PSNR dB ↑ | SSIM ↑ | flow err ↓ | adherence % | computed | weights MB | s / video |",
+          "|---|---|---|---|---|---|---|---|---|"]
     for r in payload["rows"].values():
         s = r["summary"]
-        if r.get("error") and not r.get("n"):
-            md.append(f"| {r['label']} | cannot run: {r['error'][:120]} | | | | | | |")
+        why = _cannot(r)
+        if why:
+            md.append(f"| {r['label']} | 0 | {why} | | | | | | |")
             continue
-        md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['flow_error'], 3)} | "
+        md.append(f"| {r['label']} | {r['n']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['flow_error'], 3)} | "
                   f"{_f(s['adherence'], 1)} | {_f(s['computed_fraction'])} | {_mb(r.get('weight_bytes'))} | "
                   f"{_f(s['time_s'], 1)} |")
+    md += _not_run(payload)
     mag = payload.get("magcache_calibration")
     md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in g.items()) + ".",
            "MagCache ratios: " + (f"calibrated by its `calibrate=True` run on “{mag['prompt']}” (seed {mag['seed']}), "
                                   "a prompt outside the evaluation set." if mag else "not calibrated (no MagCache row)."),
            "", "- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
-           f"- command: `{env['command']}`", ""]
-    return "\n".join(md)
+           f"- command (this summary): `{env['command']}`"]
+    md += [f"- rows run by: `{c}`" for c in payload.get("commands", [])]
+    return "\n".join(md + [""])
 
 
 # ------------------------------------------------------------------------------------------ speed + chart
@@ -91,9 +109,9 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
         return {}
     rows = dict(quality["rows"])
     for name, row in ROWS.items():
-        if row.gpu_only and name not in rows:
+        if row.gpu_only:
             src = rows.get(PATTERN_FROM.get(name, ""), {})
-            rows[name] = {"family": row.family, "label": row.label, "gpu_only": True,
+            rows[name] = {**rows.get(name, {}), "family": row.family, "label": row.label, "gpu_only": True,
                           "per_step_computed": src.get("per_step_computed") if row.caching else None}
     out = {}
     for name, r in rows.items():
@@ -101,55 +119,89 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
         if not fam or "error" in fam or (r.get("gpu_only") and ROWS[name].caching and not r["per_step_computed"]):
             continue
         est = estimate(r, fam, steps)
-        out[name] = {**est, "speedup": base["t_full_s"] * steps / est["denoise_s"], "label": r.get("label", name),
+        t_base = model.get("baselines", {}).get(fam.get("source"), base)["t_full_s"]
+        out[name] = {**est, "speedup": t_base * steps / est["denoise_s"], "label": r.get("label", name),
                      "gpu_only": bool(r.get("gpu_only")), "peak_mem_bytes": fam.get("peak_mem_bytes"),
                      "weight_bytes": fam.get("weight_bytes")}
     return out
 
 
+def merge_speed(runs: list[dict]) -> dict:
+    """One speed result from several runs (the GPU half split over calls of at most 10 minutes): per size ×
+    family the newest run's entry, tagged with its source, and each run's own baseline (a row's speed-up is
+    against the baseline of the run that timed it, when that run timed one); the runs must share ``--steps``."""
+    runs = sorted(runs, key=lambda r: r["environment"]["date"])
+    if len({r["steps"] for r in runs}) > 1:
+        raise SystemExit(f"speed runs with different --steps: {[(r['file'], r['steps']) for r in runs]}")
+    merged = {**runs[-1], "models": {}, "sources": [{k: r.get(k) or r["environment"].get(k)
+                                                     for k in ("file", "date", "command", "gpu")} for r in runs]}
+    for r in runs:
+        for size, m in r["models"].items():
+            model = merged["models"].setdefault(size, {"families": {}, "baselines": {}})
+            for fam, e in m["families"].items():
+                if "error" not in e or fam not in model["families"]:
+                    model["families"][fam] = {**e, "source": r.get("file")}
+            if "error" not in m["families"].get("baseline", {"error": "none"}):
+                model["baselines"][r.get("file")] = m["families"]["baseline"]
+    return merged
+
+
 def report(args) -> None:
+    from benchmarks.peers_goal import goal_markdown
+
     out = Path(args.out)
     qpaths = [Path(p) for p in args.quality] if args.quality else sorted(out.glob("peers_mini_*.json"))
     qualities = {json.loads(p.read_text())["generation"]["num_inference_steps"]: json.loads(p.read_text())
                  for p in qpaths}
-    spaths = [Path(args.speed)] if args.speed else sorted(out.glob("peers_speed_*.json"))
-    speed = json.loads(spaths[-1].read_text()) if spaths else None
+    spaths = [Path(p) for p in args.speed] if args.speed else sorted(out.glob("peers_speed_*.json"))
+    speed = merge_speed([json.loads(p.read_text()) | {"file": p.name} for p in spaths]) if spaths else None
     if not qualities:
         raise SystemExit(f"no peers_mini_*.json under {out}: run `python -m benchmarks.peers quality` first")
-    # the chart: the run with the most rows (20 steps: every row, more prompts); its per-step patterns are
-    # resampled to the speed run's 50 steps
-    q = max(qualities.values(), key=lambda d: (len(d["rows"]), -d["generation"]["num_inference_steps"]))
-    md = arena_markdown(qualities, speed, args.size)
+    # the chart: the run with the most videos (20 steps: every row, 12 prompts × 2 seeds); its per-step
+    # patterns are resampled to the speed run's 50 steps
+    q = max(qualities.values(), key=lambda d: (sum(r.get("n", 0) for r in d["rows"].values()),
+                                               -d["generation"]["num_inference_steps"]))
+    md = arena_markdown(qualities, speed)
+    if speed:
+        md += goal_markdown(qualities, speed, args.size)
     (out / "peers_arena.md").write_text(md)
     pareto_png(q, speed, out / "peers_pareto.png", args.size)
     print(md)
 
 
-def arena_markdown(qualities: dict[int, dict], speed: dict | None, size: str = "2b") -> str:
+def _gib(b) -> str:
+    return f"{b / 2**30:.2f}" if b else "—"
+
+
+def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
+    """One table per quality run: sixbit-mini quality beside every size's estimated speed and memory."""
+    sizes = list(speed["models"]) if speed else []
     md = ["# sixbit vs peers", ""]
     for steps, q in sorted(qualities.items()):
-        est = speed_rows(q, speed, size) if speed else {}
-        md += [f"## sixbit-mini quality at {steps} steps" + (f" and estimated CogVideoX-{size.upper()} speed" if est else ""), "",
-               f"| row | PSNR dB | SSIM | adherence % | computed | {size} speed-up (est.) | {size} peak GiB | "
-               f"{size} weights GiB |",
-               "|---|---|---|---|---|---|---|---|"]
+        est = {size: speed_rows(q, speed, size) for size in sizes}
+        head = "".join(f" {z} speed-up (est.) | {z} peak GiB | {z} weights GiB |" for z in sizes)
+        md += [f"## sixbit-mini quality at {steps} steps ({len(q['prompts'])} prompts × {len(q['seeds'])} seeds)"
+               + (" and estimated speed at " + ", ".join(f"CogVideoX-{z.upper()}" for z in sizes) if sizes else ""),
+               "", "| row | n | PSNR dB | SSIM | adherence % | computed |" + head,
+               "|---|---|---|---|---|---|" + "---|" * 3 * len(sizes)]
         for name, r in q["rows"].items():
-            s, e = r["summary"], est.get(name, {})
-            if not r.get("n"):
-                md.append(f"| {r['label']} | cannot run: {r.get('error', 'no result')[:100]} | | | | | | |")
-                continue
-            sp = f"{e['speedup']:.2f}×" if e else "—"
-            pk = f"{e['peak_mem_bytes'] / 2**30:.2f}" if e.get("peak_mem_bytes") else "—"
-            wb = f"{e['weight_bytes'] / 2**30:.2f}" if e.get("weight_bytes") else "—"
-            md.append(f"| {r['label']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['adherence'], 1)} | "
-                      f"{_f(s['computed_fraction'])} | {sp} | {pk} | {wb} |")
-        for e in (e for e in est.values() if e["gpu_only"]):
-            pk = f"{e['peak_mem_bytes'] / 2**30:.2f}" if e.get("peak_mem_bytes") else "—"
-            md.append(f"| {e['label']} (GPU only: no sixbit-mini quality) | — | — | — | — | {e['speedup']:.2f}× | {pk} | "
-                      f"{e['weight_bytes'] / 2**30:.2f} |")
+            s, why = r["summary"], _cannot(r)
+            cells = []
+            for z in sizes:
+                e = est[z].get(name, {})
+                cells += [f"{e['speedup']:.2f}×" if e else "—", _gib(e.get("peak_mem_bytes")), _gib(e.get("weight_bytes"))]
+            tail = "".join(f" {c} |" for c in cells)
+            if why:
+                md.append(f"| {r['label']} | 0 | {why} | | | |" + tail)
+            else:
+                md.append(f"| {r['label']} | {r['n']} | {_f(s['psnr'])} | {_f(s['ssim'], 3)} | {_f(s['adherence'], 1)} | "
+                          f"{_f(s['computed_fraction'])} |" + tail)
+        md += _not_run(q)
         md.append("")
     if speed:
-        md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"], ""]
+        md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"],
+               "GPU-only caching rows borrow the mini work pattern of the CPU row with the same cache: "
+               + ", ".join(f"`{a}` ← `{b}`" for a, b in PATTERN_FROM.items()) + ".", ""]
     else:
         md += ["No GPU result yet: run `python -m benchmarks.peers speed` on the H200, then `report`.", ""]
     return "\n".join(md)

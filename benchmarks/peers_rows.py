@@ -74,6 +74,7 @@ class Row:
     gpu_only: bool = False
     settings: dict = field(default_factory=dict)
     note: str = ""
+    reason: str = ""  # gpu_only rows: why the CPU quality run cannot run them (one line, in the tables)
 
 
 # ----------------------------------------------------------------------------------------- work counter
@@ -373,6 +374,12 @@ def _none(pipe, ctx):
     return lambda: None
 
 
+#: why the GPU-only rows have no sixbit-mini quality (the mini runs on the CPU); the errors are the libraries' own
+NO_FP8 = ('torchao on the CPU: "Float8 dynamic quantization requires CUDA compute capability ≥8.9 or MI300+ or '
+          'XPU."')
+NO_SAGE = 'SageAttention on the CPU: "Input tensors must be on cuda." (Triton/CUDA kernels only)'
+
+
 def build_rows() -> list[Row]:
     R = Row
     rows = [
@@ -406,26 +413,33 @@ def build_rows() -> list[Row]:
         R("torchao_int8", "torchao_int8", "torchao int8 dynamic activations × int8 weights", torchao_quant("int8"),
           caching=False),
         R("torchao_fp8", "torchao_fp8", "torchao fp8 dynamic activations × fp8 weights (per row)",
-          torchao_quant("fp8"), caching=False, gpu_only=True),
+          torchao_quant("fp8"), caching=False, gpu_only=True, reason=NO_FP8),
+        # a speed row: compilation changes the kernels, not the numbers, so its quality is torchao_fp8's
         R("torchao_fp8_compile", "torchao_fp8_compile", "torchao fp8 dynamic + torch.compile of each block",
-          stack(torchao_quant("fp8"), compile_blocks), caching=False, gpu_only=True),
-        R("sage", "sage", "SageAttention (sageattn for SDPA)", sage, caching=False, gpu_only=True),
+          stack(torchao_quant("fp8"), compile_blocks), caching=False, gpu_only=True,
+          reason=NO_FP8 + " A GPU speed row: compilation fuses kernels; its quantization (quality) is torchao_fp8's."),
+        R("sage", "sage", "SageAttention (sageattn for SDPA)", sage, caching=False, gpu_only=True, reason=NO_SAGE),
         # user-assembled stacks: the cache that leads on mini + quantization (+ SageAttention on GPU)
         R("stack_fbc_int8", "stack_fbc_int8", "FirstBlockCache 0.1 + torchao int8 dynamic",
           stack(torchao_quant("int8"), fbc(0.1)), settings={"threshold": 0.1}),
         R("stack_dbcache_int8", "stack_dbcache_int8", "cache-dit DBCache F1B0 0.12 + torchao int8 dynamic",
           stack(torchao_quant("int8"), dbcache(0.12)), settings={"residual_diff_threshold": 0.12}),
         R("stack_fbc_fp8_sage", "stack_fbc_fp8_sage", "FirstBlockCache 0.1 + torchao fp8 dynamic + SageAttention",
-          stack(torchao_quant("fp8"), sage, fbc(0.1)), gpu_only=True, settings={"threshold": 0.1}),
+          stack(torchao_quant("fp8"), sage, fbc(0.1)), gpu_only=True, settings={"threshold": 0.1},
+          reason=f"{NO_FP8}; {NO_SAGE}"),
         # sixbit presets
         R("sixbit_tdc_only", "sixbit_tdc_only", "sixbit tdc_only (TDC, no quantization)", sixbit_row("tdc_only")),
         R("sixbit_full", "sixbit_full", "sixbit full (balanced: DMPQ+TDC+PDR)", sixbit_row("full")),
         R("sixbit_full_w8a8", "sixbit_full_w8a8", "sixbit full, INT8 decisions on W8A8", sixbit_row("full", int8_route="w8a8")),
         R("sixbit_w8a8_tdc", "sixbit_w8a8_tdc", "sixbit static W8A8 + TDC", sixbit_row("w8a8", tdc=True)),
         R("sixbit_aggressive", "sixbit_aggressive", "sixbit aggressive", sixbit_row("aggressive")),
+        # the memory row: the modulation linears (left in 16 bits by the presets) packed weight-only 4-bit too
+        R("sixbit_full_mod4", "sixbit_full_mod4", "sixbit full, 4-bit modulation weights (modulation_weights=nvfp4)",
+          sixbit_row("full", modulation_weights="nvfp4")),
     ]
     names = [r.name for r in rows]
     assert len(names) == len(set(names)), "duplicate row names"
+    assert all(bool(r.reason) == r.gpu_only for r in rows), "a GPU-only row says why it has no CPU quality"
     return rows
 
 

@@ -1,7 +1,12 @@
 """The peer arena's GPU half: what a computed and a skipped unit cost at CogVideoX sizes, per tool.
 
-    python -m benchmarks.peers speed --sizes 2b --out $OUT          # H200: ~15 s per family at 2B, ~5 min for all
+    python -m benchmarks.peers speed --sizes 2b --out $OUT          # H200: ~8-20 s per family at 2B
+    python -m benchmarks.peers speed --sizes 5b --families baseline fbc ... --name peers_speed_h200_5b_a --out $OUT
     python -m benchmarks.peers speed --sizes tiny --device cpu      # smoke test of the code path
+
+At 5B (~3× the time of 2B) the families do not fit one 10-minute call: split them with ``--families`` and a
+``--name`` per call (include ``baseline`` in each: a row's speed-up is taken against the baseline its own run
+timed); ``python -m benchmarks.peers report`` merges every ``peers_speed_*.json`` (docs/PEERS.md has the calls).
 
 Random weights make every cache's decisions meaningless, so no row decides at the big size. One transfer
 protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
@@ -51,12 +56,13 @@ PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the 
 DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache_ts",
                     "torchao_int8", "torchao_fp8", "sage", "stack_fbc_int8", "stack_dbcache_int8",
                     "stack_fbc_fp8_sage", "sixbit_tdc_only", "sixbit_full", "sixbit_full_w8a8", "sixbit_w8a8_tdc",
-                    "sixbit_aggressive", "torchao_fp8_compile")
+                    "sixbit_aggressive", "sixbit_full_mod4", "torchao_fp8_compile")
 
 
 def add_arguments(p) -> None:
     p.add_argument("--sizes", nargs="+", default=["2b"], choices=["tiny", "2b", "5b"])
-    p.add_argument("--families", nargs="*", default=None, help=f"default: {' '.join(DEFAULT_FAMILIES)}")
+    p.add_argument("--families", nargs="*", default=None, choices=DEFAULT_FAMILIES, metavar="FAMILY",
+                   help=f"default: {' '.join(DEFAULT_FAMILIES)}")
     p.add_argument("--steps", type=int, default=50, help="steps of the estimated denoising loop")
     p.add_argument("--timed-steps", type=int, default=4, help="steps per timed call (and per warm-up call)")
     p.add_argument("--frames", type=int, default=49)
@@ -165,12 +171,11 @@ def measure_family(family: str, size: str, args, device, dtype, schedules: dict)
 
 def _schedules(path: str | None) -> dict:
     results = Path(__file__).resolve().parent / "results"
-    cands = [Path(path)] if path else [results / "peers_mini_50.json", results / "peers_mini_20.json"]
-    for p in cands:
-        if p.exists():
-            rows = json.loads(p.read_text())["rows"]
-            return {n: r["schedule"] for n, r in rows.items() if r.get("schedule")}
-    return {}
+    cands = [Path(path)] if path else [results / "peers_mini_20.json", results / "peers_mini_50.json"]
+    out = {}
+    for p in (p for p in cands if p.exists()):  # per row, the last file that recorded one (50 steps first)
+        out.update({n: r["schedule"] for n, r in json.loads(p.read_text())["rows"].items() if r.get("schedule")})
+    return out
 
 
 def speed(args) -> dict:

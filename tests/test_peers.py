@@ -125,8 +125,95 @@ def test_quality_markdown_names_rows_and_failures():
                               "summary": {m: stat for m in ("psnr", "ssim", "flow_error", "adherence",
                                                             "computed_fraction", "time_s")}},
                         "b": {"label": "B row", "n": 0, "error": "ImportError: no sageattention", "summary": {}}}}
+    payload["rows"]["c"] = {"label": "C row", "n": 0, "gpu_only": True, "reason": "needs CUDA", "summary": {}}
     md = quality_markdown(payload)
-    assert "| A row | 1.00 ± 0.00" in md and "cannot run: ImportError: no sageattention" in md and "`cmd`" in md
+    assert "| A row | 1 | 1.00 ± 0.00" in md and "cannot run: ImportError: no sageattention" in md and "`cmd`" in md
+    assert "| C row | 0 | GPU only: needs CUDA |" in md
+
+
+def test_gpu_only_rows_say_why_and_the_sixbit_group_expands():
+    from benchmarks.peers import GROUPS, row_names
+
+    assert all(r.reason for r in ROWS.values() if r.gpu_only) and ROWS["torchao_fp8_compile"].gpu_only
+    names = row_names(["fbc_0.1", "sixbit", "sage"])
+    assert names[:2] == ["baseline", "fbc_0.1"] and "sage" not in names
+    assert names[2:] == GROUPS["sixbit"] and {"sixbit_full_w8a8", "sixbit_aggressive"} <= set(names)
+    assert row_names(None)[0] == "baseline" and not any(ROWS[n].gpu_only for n in row_names(None))
+
+
+def test_fresh_forgets_the_named_rows_but_never_the_reference(tmp_path):
+    from benchmarks.peers import forget
+
+    keep = ["baseline__0_0.json", "row__baseline.json", "ref__0_0.npy", "fbc_0.1__0_0.json", "sixbit_full_w8a8__0_0.json"]
+    gone = ["sixbit_full__0_0.json", "sixbit_full__3_1.json", "row__sixbit_full.json", "schedule__sixbit_full.json"]
+    for f in keep + gone:
+        (tmp_path / f).write_text("{}")
+    assert forget(tmp_path, ["baseline", "sixbit_full"]) == len(gone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep)
+
+
+def test_quality_summary_uses_the_quality_benchmarks_prompts(tmp_path):
+    """--summarize-only on an empty run dir: the prompts are `bench quality`'s (benchmarks.common.mini_setup),
+    every CPU row is listed as not run and every GPU-only row with its reason."""
+    import json
+
+    from benchmarks.common import mini_setup
+    from benchmarks.peers import main
+
+    main(["quality", "--steps", "3", "--prompts", "2", "--seeds", "1", "--summarize-only", "--run-dir",
+          str(tmp_path / "run"), "--out", str(tmp_path), "--name", "q"])
+    res = json.loads((tmp_path / "q.json").read_text())
+    _, gen, prompts = mini_setup(None, "cpu", 3, 12)
+    assert res["prompts"] == prompts[:2] and res["generation"] == gen and res["seeds"] == [0]
+    assert set(res["not_run"]) == set(CPU_ROWS)
+    assert {n for n, r in res["rows"].items() if r.get("gpu_only")} == {n for n, r in ROWS.items() if r.gpu_only}
+    assert "GPU only: SageAttention on the CPU" in (tmp_path / "q.md").read_text()
+    res["rows"]["fbc_0.1"] = {"n": 24}  # a result file with a row this run dir has no videos of: kept
+    (tmp_path / "q.json").write_text(json.dumps(res))
+    with pytest.raises(SystemExit, match="fbc_0.1"):
+        main(["quality", "--steps", "3", "--prompts", "2", "--seeds", "1", "--summarize-only", "--run-dir",
+              str(tmp_path / "run"), "--out", str(tmp_path), "--name", "q"])
+
+
+def test_goal_front_and_interpolation():
+    from benchmarks.peers_goal import front, front_speedup, goal
+
+    pts = [("baseline", float("inf"), 1.0, 10), ("a", 50.0, 1.5, 10), ("b", 40.0, 2.0, 10), ("slow", 35.0, 1.2, 5),
+           ("c", 30.0, 3.0, 10)]
+    fr = front(pts)
+    assert [n for _, _, n in fr] == ["c", "b", "a", "baseline"]  # "slow" is dominated by b
+    assert front_speedup(fr, 45.0) == (pytest.approx(1.75), "b–a")
+    assert front_speedup(fr, 20.0)[0] == 3.0 and front_speedup(fr, 60.0) == (1.0, "baseline")
+
+    def row(psnr, n=1):
+        return {"summary": {"psnr": {"mean": psnr, "n": n, "n_inf": 0 if n else 1}}}
+    q = {"prompts": ["p"], "rows": {**{n: row(p, 0 if p == float("inf") else 1) for n, p, _, _ in pts},
+                                    "sixbit_x": row(45.0), "sixbit_unfinished": row(60.0, 0) | {"summary": {}}}}
+    est = {n: {"speedup": s, "weight_bytes": w} for n, _, s, w in pts} | {"sixbit_x": {"speedup": 2.1, "weight_bytes": 2}}
+    est["sixbit_unfinished"] = {"speedup": 9.0, "weight_bytes": 1}
+    assert set(goal(q, est)["rows"]) == {"sixbit_x"}  # a row with no video on some prompt takes no part
+    g = goal(q, est)["rows"]["sixbit_x"]
+    assert g["speed_ratio"] == pytest.approx(2.1 / 1.75) and g["peer_weight_row"] == "c"  # only c is ≥ 2.1×
+    assert g["memory_ratio"] == 5.0
+
+
+def test_speed_runs_merge_newest_entry_against_its_own_baseline():
+    from benchmarks.peers_report import merge_speed
+
+    def run(date, fams, file):
+        return {"file": file, "steps": 10, "protocol": "p", "environment": {"date": date, "command": file},
+                "models": {"2b": {"families": fams}}}
+    unit = {"saving_per_unit_s": 0.0, "units_full": 60}
+    old = run("2026-01-01", {"baseline": {"t_full_s": 1.0, **unit}, "fbc": {"t_full_s": 1.0, **unit},
+                             "sage": {"t_full_s": 0.5, **unit}}, "old.json")
+    new = run("2026-01-02", {"baseline": {"t_full_s": 2.0, **unit}, "fbc": {"t_full_s": 1.0, **unit},
+                             "sage": {"error": "no GPU"}}, "new.json")
+    sp = merge_speed([new, old])
+    assert sp["models"]["2b"]["families"]["sage"]["source"] == "old.json"  # an error never replaces a result
+    q = {"rows": {"baseline": {"family": "baseline"}, "fbc_0.1": {"family": "fbc", "per_step_computed": [1.0]}}}
+    rows = speed_rows(q, sp)
+    assert rows["fbc_0.1"]["speedup"] == pytest.approx(2.0)  # against new.json's baseline, which timed it
+    assert rows["sage"]["speedup"] == pytest.approx(2.0)  # old.json's sage against old.json's baseline
 
 
 def test_sixbit_forced_modes_replay_schedules():
@@ -170,3 +257,16 @@ def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):
     assert fams["fbc"]["units_skip"] == 2 < fams["fbc"]["units_full"] == 6  # only the first block computed
     assert len(fams["fbc"]["modes"]["skip"]["step_s"]) == 3 and res["protocol"]
     assert "| fbc (fbc_0.05) |" in (tmp_path / "smoke.md").read_text()
+
+
+@pytest.mark.parametrize("size,params,blocks", [("2b", 1.69e9, 30), ("5b", 5.57e9, 42)])
+def test_speed_sizes_are_the_real_cogvideox_transformers(size, params, blocks):
+    """`speed --sizes 2b 5b` builds these (on the meta device here: no memory)."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    from benchmarks.common import SIZES
+
+    with torch.device("meta"):
+        tr = CogVideoXTransformer3DModel(**SIZES[size])
+    assert sum(p.numel() for p in tr.parameters()) == pytest.approx(params, rel=0.01)
+    assert len(tr.transformer_blocks) == blocks
