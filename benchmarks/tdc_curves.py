@@ -284,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(p, argv)
     if args.redraw:
         stem = Path(args.redraw).with_suffix("")
-        print(publish(json.loads(Path(args.redraw).read_text()), stem, args.peers))
+        payload = json.loads(Path(args.redraw).read_text())
+        payload.setdefault("default", args.default if args.default in payload["variants"] else None)
+        print(publish(payload, stem, args.peers))
     else:
         curves(args)
     return 0
