@@ -67,7 +67,7 @@ def skipped_per_step(trace: dict) -> list[float]:
     return [float(np.mean([b["skipped"] for b in s["blocks"]])) for s in trace["steps"]]
 
 
-def curves(args) -> dict:
+def curves(args) -> None:
     import sixbit
     from sixbit.metrics import compare
     from sixbit.mini.judge import judge
@@ -111,8 +111,20 @@ def curves(args) -> dict:
     partial = out / f"{args.name}.partial.json"  # finished points, so an interrupted sweep resumes
     results: dict = json.loads(partial.read_text()) if partial.exists() else {}
 
-    def done(key: str, cfg) -> None:
+    def write() -> str:
+        """Publish every finished point (after each one: an interrupted sweep leaves a complete file)."""
+        payload = {"benchmark": "tdc_curves", "generation": gen, "prompts": prompts, "seeds": args.seeds,
+                   "variants": {v: {"preset": VARIANTS[v][0], "fields": VARIANTS[v][1], "knob": VARIANTS[v][2]}
+                                for v in args.variants},
+                   "default": args.default if args.default in args.variants else None,
+                   "fp32_adherence": stats(ref_adh), "environment": environment("cpu", args.command),
+                   "results": {k: sorted(results[k], key=lambda r: r["knob"]) if k != "dmpq_only" else results[k]
+                               for k in ["dmpq_only", *args.variants] if k in results}}
+        return publish(payload, out / args.name, args.peers)
+
+    def done(key: str) -> None:
         partial.write_text(json.dumps(results, default=str) + "\n")
+        write()
         r = results[key][-1] if isinstance(results[key], list) else results[key]
         print(f"[tdc_curves] {key} {r.get('knob', '')} psnr={r['psnr']['mean']:.2f} skip={r['skip_fraction']['mean']:.3f} "
               f"adh={r['adherence']['mean']:.1f}", flush=True)
@@ -120,7 +132,7 @@ def curves(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if any(v.startswith("full") for v in args.variants) and "dmpq_only" not in results:
         results["dmpq_only"] = point(make_config("dmpq_only"))
-        done("dmpq_only", None)
+        done("dmpq_only")
     for v in args.variants:
         results.setdefault(v, [])
         for k in args.knobs or VARIANTS[v][3]:
@@ -129,20 +141,10 @@ def curves(args) -> dict:
             r = point(variant_config(v, k))
             r["knob"] = k
             results[v].append(r)
-            done(v, k)
-    env = environment("cpu", args.command)
-    payload = {"benchmark": "tdc_curves", "generation": gen, "prompts": prompts, "seeds": args.seeds,
-               "variants": {v: {"preset": VARIANTS[v][0], "fields": VARIANTS[v][1], "knob": VARIANTS[v][2]}
-                            for v in args.variants},
-               "default": args.default if args.default in args.variants else None,
-               "fp32_adherence": stats(ref_adh), "environment": env,
-               "results": {k: results[k] for k in ["dmpq_only", *args.variants] if k in results}}
-    for v in args.variants:
-        payload["results"][v].sort(key=lambda r: r["knob"])
-    md = publish(payload, out / args.name, args.peers)
-    partial.unlink()
+            done(v)
+    md = write()
+    partial.unlink(missing_ok=True)
     print(md)
-    return payload
 
 
 def publish(payload: dict, stem: Path, peers: str | None) -> str:
