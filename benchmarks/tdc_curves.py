@@ -81,10 +81,19 @@ def curves(args) -> None:
         g = torch.Generator("cpu").manual_seed(seed)
         return to_uint8(pipe(prompt=prompt, generator=g, output_type="np", **gen).frames[0])
 
+    # the FP32 references, kept in --refs (when given) so that later sweeps of the same cells reuse them
+    store = Path(args.refs) if args.refs else None
+    saved = torch.load(store, weights_only=False) if store is not None and store.exists() else {}  # our own file
+    if saved and saved.get("generation") != gen:
+        raise ValueError(f"--refs {store}: recorded with other generation settings {saved.get('generation')}")
     refs, ref_adh = {}, []
     for p, s in cells:
-        refs[(p, s)] = generate(p, s)
+        if (p, s) not in saved.get("videos", {}):
+            saved.setdefault("videos", {})[(p, s)] = generate(p, s)
+        refs[(p, s)] = saved["videos"][(p, s)]
         ref_adh.append(judge(refs[(p, s)], p).adherence * 100.0)
+    if store is not None:
+        torch.save({"generation": gen, "videos": saved["videos"]}, store)
 
     def point(cfg) -> dict:
         rows = []
@@ -108,7 +117,9 @@ def curves(args) -> None:
         return out
 
     out = Path(args.out)
-    partial = out / f"{args.name}.partial.json"  # finished points, so an interrupted sweep resumes
+    # finished points: a sweep that is interrupted, or re-run with more variants or knobs, measures only the
+    # missing points (delete the file to re-measure)
+    partial = out / f"{args.name}.points.json"
     results: dict = json.loads(partial.read_text()) if partial.exists() else {}
 
     def write() -> str:
@@ -142,9 +153,7 @@ def curves(args) -> None:
             r["knob"] = k
             results[v].append(r)
             done(v)
-    md = write()
-    partial.unlink(missing_ok=True)
-    print(md)
+    print(write())
 
 
 def publish(payload: dict, stem: Path, peers: str | None) -> str:
@@ -279,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--knobs", nargs="*", type=float, default=None, help="override every variant's knob values")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--name", default="tdc_curves_mini_20")
+    p.add_argument("--refs", default=None, help="file keeping the FP32 reference videos between sweeps (.pt)")
     p.add_argument("--default", default="step", help="the variant the peer table compares (the config default)")
     p.add_argument("--peers", default=None, help="peer arena result file (default: <out>/peers_mini_<steps>.json)")
     p.add_argument("--redraw", default=None, metavar="JSON",

@@ -490,3 +490,16 @@ def test_scaled_reuse_multiplies_the_cached_deltas_by_the_probe_magnitude_ratio(
                 assert torch.allclose(calls[b][t]["out"][s], calls[b][t]["in"][s] + r * delta, atol=1e-5)
     with pytest.raises(sixbit.config.ConfigError, match="tdc_reuse='scaled'.*tdc_mode='step'"):
         SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_reuse="scaled")
+
+
+def test_cap_and_fixed_block_rules():
+    from sixbit import tdc
+
+    c = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_max_skips=2, tdc_tail=1)
+    assert not tdc.capped(1, c) and tdc.capped(2, c) and not tdc.capped(5, c.replace(tdc_max_skips=0))
+    assert tdc.decide(0.1, 0.0, 5, 10, c, run_skips=1) and not tdc.decide(0.1, 0.0, 5, 10, c, run_skips=2)
+    assert [tdc.fixed(b, 4, c) for b in range(4)] == [False, False, False, True]  # block mode: no probe
+    step = c.replace(tdc_mode="step", tdc_tail=2)
+    assert [tdc.fixed(b, 4, step) for b in range(4)] == [True, False, True, True]
+    with pytest.raises(sixbit.config.ConfigError, match="tdc_max_skips"):
+        c.replace(tdc_max_skips=-1)
