@@ -104,7 +104,7 @@ def curves(args) -> None:
                 video = generate(p, s)
                 wall = time.perf_counter() - t0
                 tr = handle.trace.to_dict()
-                rows.append({"psnr": compare(video, refs[(p, s)])["psnr_db"], "ssim": compare(video, refs[(p, s)])["ssim"],
+                rows.append({"prompt": p, "seed": s, "psnr": compare(video, refs[(p, s)])["psnr_db"], "ssim": compare(video, refs[(p, s)])["ssim"],
                              "adherence": judge(video, p).adherence * 100.0, "time_s": wall,
                              "skip_fraction": tr["summary"]["skip_fraction"],
                              "avg_act_bits": tr["summary"]["avg_act_bits"], "per_step": skipped_per_step(tr)})
@@ -190,6 +190,7 @@ def peer_points(path: Path, steps: int) -> dict:
     for pts in fams.values():
         pts.sort(key=lambda p: p["skip"])
     return {"file": str(path.name), "prompts": len(d["prompts"]), "seeds": len(d["seeds"]),
+            "cells": [[p, s] for p in d["prompts"] for s in d["seeds"]],
             "date": d["environment"].get("date"), "families": fams}
 
 
@@ -237,15 +238,38 @@ def peer_markdown(payload: dict) -> list[str]:
           "skipped = 1 − the arena's computed fraction, the same count):", ""]
     if default is None:
         return md + ["(no default variant in this sweep)"]
-    md += [f"| peer row | skipped | peer PSNR dB | {default} at that skip | margin dB |", "|---|---|---|---|---|"]
+    curves = {"all": payload["results"][default]}
+    matched = on_cells(payload, default, peers.get("cells"))
+    if matched is not None:  # the peers ran fewer cells: the same curve on exactly their prompts and seeds too
+        curves[f"on the peers' {len(peers['cells'])} cells"] = matched
+    cols = [f"{default} at that skip" + ("" if k == "all" else f" ({k})") for k in curves]
+    md += ["| peer row | skipped | peer PSNR dB | " + " | ".join(f"{c} | margin dB" for c in cols) + " |",
+           "|---|---|---|" + "---|---|" * len(cols)]
     for pts in peers["families"].values():
         for p in pts:
             if SKIPS[0] <= p["skip"] <= SKIPS[-1]:
-                ours = at_skip(payload["results"][default], p["skip"])
-                margin = "—" if ours is None else f"{ours - p['psnr']:+.2f}"
-                md.append(f"| {p['label']} | {p['skip']:.3f} | {p['psnr']:.2f} | "
-                          f"{'—' if ours is None else f'{ours:.2f}'} | {margin} |")
+                cells = []
+                for curve in curves.values():
+                    ours = at_skip(curve, p["skip"])
+                    cells += ["—", "—"] if ours is None else [f"{ours:.2f}", f"{ours - p['psnr']:+.2f}"]
+                md.append(f"| {p['label']} | {p['skip']:.3f} | {p['psnr']:.2f} | " + " | ".join(cells) + " |")
     return md
+
+
+def on_cells(payload: dict, variant: str, cells: list | None) -> list[dict] | None:
+    """The variant's points averaged over only ``cells`` ([prompt, seed] pairs), when those are a strict subset
+    of the sweep's (None otherwise). Runs without a recorded prompt/seed are in the sweep's order."""
+    order = [(p, s) for p in payload["prompts"] for s in range(payload["seeds"])]
+    want = {tuple(c) for c in cells or []}
+    if not want or not want < set(order):
+        return None
+    out = []
+    for pt in payload["results"][variant]:
+        runs = [r for i, r in enumerate(pt.get("runs", [])) if (r.get("prompt", order[i][0]), r.get("seed", order[i][1]))
+                in want]
+        out.append({**pt, "skip_fraction": stats([r["skip_fraction"] for r in runs]),
+                    "psnr": stats([r["psnr"] for r in runs])})
+    return out
 
 
 def plot(payload: dict, path: Path) -> None:

@@ -57,3 +57,15 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_a_peer_file_with_fewer_cells_is_also_compared_on_exactly_its_cells():
+    runs = lambda a, b: [{"prompt": "p1", "seed": 0, "psnr": a, "skip_fraction": 0.3},  # noqa: E731
+                         {"prompt": "p2", "seed": 0, "psnr": b, "skip_fraction": 0.5}]
+    payload = {"prompts": ["p1", "p2"], "seeds": 1,
+               "results": {"step": [{**_pt(0.1, 0.4, 45.0), "runs": runs(50.0, 40.0)},
+                                    {**_pt(0.2, 0.6, 35.0), "runs": runs(40.0, 30.0)}]}}
+    pts = tdc_curves.on_cells(payload, "step", [["p1", 0]])
+    assert [(p["skip_fraction"]["mean"], p["psnr"]["mean"]) for p in pts] == [(0.3, 50.0), (0.3, 40.0)]
+    assert tdc_curves.on_cells(payload, "step", [["p1", 0], ["p2", 0]]) is None  # the same cells: nothing to add
+    assert tdc_curves.on_cells(payload, "step", [["p3", 0]]) is None  # not a subset
