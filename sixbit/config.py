@@ -202,8 +202,9 @@ class SixBitConfig:
     tdc_reuse: str = _f(
         "last",
         "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
-        "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept).",
-        choices=("last", "linear"),
+        "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'scaled' "
+        "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style).",
+        choices=("last", "linear", "scaled"),
         label="TDC reuse",
     )
     tdc_probe_threshold: float = _f(
@@ -212,6 +213,19 @@ class SixBitConfig:
         "(relative L1) by at most this.",
         min=0.0,
         label="TDC probe threshold",
+    )
+    tdc_tail: int = _f(
+        0,
+        "The last K transformer blocks never skip (cache-dit's 'Bn'): they compute every step on the input the "
+        "skipped blocks before them produced; the last block amplifies its own skip error most (docs/TDC.md).",
+        min=0, max=1000,
+        label="TDC always-computed tail blocks",
+    )
+    tdc_max_skips: int = _f(
+        0,
+        "At most K consecutive skipped steps (per block in block mode, per step in step mode); 0 = no cap.",
+        min=0, max=1000,
+        label="TDC max consecutive skips",
     )
     tdc_first: int = _f(2, "Never skip during the first K denoising steps.", min=0, max=1000, label="Never skip first K steps")
     tdc_last: int = _f(1, "Never skip during the last K denoising steps.", min=0, max=1000, label="Never skip last K steps")
@@ -347,6 +361,9 @@ def _validate(cfg: SixBitConfig) -> None:
             raise ConfigError(f"SixBitConfig.{f.name} must be >= {meta['min']}, got {v!r}")
         if "max" in meta and v > meta["max"]:
             raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
+    if cfg.tdc_reuse == "scaled" and cfg.tdc_mode != "step":
+        raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales by the probe's magnitude ratio: it needs "
+                          f"tdc_mode='step', got {cfg.tdc_mode!r}")
 
 
 _STATIC = dict(tdc=False, pdr=False, warmup_steps=0, attention="bf16")

@@ -66,6 +66,7 @@ class Call:
     rec: Any
     t0: float
     skip_rest: bool = False  # step mode: the probe block decided that the rest of this call skips
+    scale: float = 1.0  # step mode, tdc_reuse="scaled": the probe's magnitude ratio the skipped deltas take
 
 
 class Run:
@@ -251,6 +252,8 @@ class BlockState(BaseState):
         self.acc_err: float = 0.0
         self.last_step: int | None = None  # last computed step
         self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
+        self.ref_norm: float | None = None  # step mode's probe: ‖Δ₀‖₁ (video) of its reference
+        self.run_skips: int = 0  # consecutive skips (step mode's probe: skipped steps) since the last compute
 
     def drop_deltas(self) -> None:
         self.delta = self.prev_delta = None
@@ -316,11 +319,12 @@ class BlockHook(ModelHook):
     def _skips(self, call: Call, st: BlockState, cached: bool) -> bool:
         sched = self.method.schedule
         if sched is None:
-            if self.probes():
+            cfg = self.method.cfg
+            if tdc.fixed(self.index, len(self.run.trace.blocks), cfg):
                 return False
-            if self.method.cfg.tdc_mode == "step":
+            if cfg.tdc_mode == "step":
                 return cached and call.skip_rest
-            return cached and tdc.decide(st.delta_sim, st.acc_err, call.step, call.num_steps, self.method.cfg)
+            return cached and tdc.decide(st.delta_sim, st.acc_err, call.step, call.num_steps, cfg, st.run_skips)
         skip = not sched.computed(call.branch, call.step, self.index)
         if skip and not cached:  # a replayed skip with nothing cached computes instead
             self.run.schedule_overrides += 1
@@ -331,14 +335,24 @@ class BlockHook(ModelHook):
         """Step mode's probe: block 0, always computed, its delta the step's decision (not with a replay)."""
         return self.index == 0 and self.method.schedule is None and self.method.cfg.tdc_mode == "step"
 
+    def tail(self) -> bool:
+        """One of the ``tdc_tail`` last blocks: always computed, its delta never cached (not with a replay)."""
+        cfg = self.method.cfg
+        return cfg.tdc and self.method.schedule is None and self.index >= len(self.run.trace.blocks) - cfg.tdc_tail
+
     def _reuse(self, call: Call, st: BlockState, streams):
-        linear = self.method.cfg.tdc_reuse == "linear"
-        out = [s + d for s, d in zip(streams, st.reused(call.step, linear))]
+        reuse = self.method.cfg.tdc_reuse
+        linear = reuse == "linear"
+        if reuse == "scaled":
+            out = [s + call.scale * d for s, d in zip(streams, st.delta)]
+        else:
+            out = [s + d for s, d in zip(streams, st.reused(call.step, linear))]
         st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
         st.skipped_last = True
+        st.run_skips += 1
         call.rec.blocks[self.index] = {"computed": False, "skipped": True, "pdr": False, "gamma": None,
                                        "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
-                                       "mode": "skip", "tdc": "forecast" if linear else "reuse"}
+                                       "mode": "skip", "tdc": {"linear": "forecast", "scaled": "scaled"}.get(reuse, "reuse")}
         for j in self.linears:
             call.rec.routes[j] = SKIPPED
             call.rec.pred_err[j] = None
@@ -351,8 +365,8 @@ class BlockHook(ModelHook):
         if sched is not None:
             next_skip = not sched.computed(call.branch, i + 1, self.index)
             replayed = sched.block_routes(call.branch, i, self.index, len(self.linears))
-        elif self.probes():
-            next_skip = False  # the probe's delta is a reference for the decision, never reused by a skip
+        elif self.probes() or self.tail():
+            next_skip = False  # the probe's delta is the decision's reference, a tail's is not kept: never reused
         oratio = None
         if pdr.applies(cfg, i, call.num_steps, next_skip):
             counter = lambda x, k: ops().outlier_count(x, k, cfg.backend)  # noqa: E731
@@ -382,9 +396,10 @@ class BlockHook(ModelHook):
 
     def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> str:
         """Measure the computed block (Γ, its delta's change) with one read, update the cache; returns the
-        trace's TDC decision of the cell: "compute", or the probe's "probe_skip"/"probe_compute"."""
+        trace's TDC decision of the cell: "compute", a tail block's "tail_compute", or the probe's
+        "probe_skip"/"probe_compute"/"probe_capped" (under the threshold, computed by ``tdc_max_skips``)."""
         cfg = self.method.cfg
-        keep = cfg.tdc or self.method.schedule is not None
+        keep = (cfg.tdc or self.method.schedule is not None) and not self.tail()
         compare = cached and keep
         linear = cfg.tdc_reuse == "linear"
         probe = self.probes()
@@ -398,11 +413,17 @@ class BlockHook(ModelHook):
         vals = self.run.read(sums)
         st.gamma = dmpq.ratio(vals[0], vals[1])
         st.skipped_last = False
+        capped = False
         if probe:
             st.delta_sim = dmpq.ratio(vals[2], vals[3]) if compare else None
-            call.skip_rest = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg)
+            skips = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg)
+            capped = skips and tdc.capped(st.run_skips, cfg)
+            call.skip_rest = skips and not capped
             if call.skip_rest:  # the reference stays the last computed step's
+                st.run_skips += 1
+                call.scale = vals[0] / st.ref_norm if st.ref_norm else 1.0
                 return "probe_skip"
+            st.ref_norm = vals[0]
         elif compare:
             st.delta_sim = tdc.change_rate(*(vals[4:6] if forecasted else vals[2:4]), call.step, st.last_step)
         if keep:
@@ -410,8 +431,11 @@ class BlockHook(ModelHook):
                 st.prev_delta, st.prev_step = st.delta, st.last_step
             st.delta = deltas
         st.acc_err = 0.0
+        st.run_skips = 0
         st.last_step = call.step
-        return "probe_compute" if probe else "compute"
+        if probe:
+            return "probe_capped" if capped else "probe_compute"
+        return "tail_compute" if self.tail() else "compute"
 
     def _record(self, call: Call, st: BlockState, routing: dmpq.Routing, oratio: float | None,
                 decision: str) -> None:

@@ -41,6 +41,15 @@ Variants (options of the config, recorded in the trace's config and per cell; th
   per step of distance is the rate ``decide`` reads and ``accumulate`` adds (the zero-order rate until a
   forecast exists).
 
+* ``tdc_reuse="scaled"`` (step mode) — MagCache's observation that the residuals' magnitude changes by about
+  the same ratio in every block: a skipped block returns ``in + r·Δ_b`` with ``r = ‖Δ₀,t‖₁ / ‖ref‖₁``, the
+  probe's video-stream magnitude now over its reference's (both already in the probe's statistics read).
+* ``tdc_tail=K`` — the last K blocks never skip (cache-dit DBCache's "Bn"): they compute every step on the
+  input the skipped blocks before them produced (in step mode ``in₁ + Σ_{0<b<n−K} Δ_b``). The last block
+  amplifies its own error most and costs the most to skip (docs/TDC.md §1). Their deltas are not cached.
+* ``tdc_max_skips=K`` — at most K consecutive skipped steps (0: no cap): per block in block mode, per step
+  (counted on the probe) in step mode, where a step the cap forces to compute is traced ``"probe_capped"``.
+
 All statistics are additive sums (``delta_change_sums``), read through ``Run.read``.
 
 A :class:`SkipSchedule` records the computed/skipped pattern (block × step, per branch) of a run and can
@@ -70,13 +79,13 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS
 
-__all__ = ["MODES", "REUSE", "delta_change_sums", "change_rate", "decide", "accumulate", "step_skips", "forecast",
-           "SkipSchedule"]
+__all__ = ["MODES", "REUSE", "delta_change_sums", "change_rate", "capped", "decide", "accumulate", "step_skips",
+           "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
 MODES = ("block", "step")
 #: what a skipped cell returns: the last computed delta, or its first-order forecast
-REUSE = ("last", "linear")
+REUSE = ("last", "linear", "scaled")
 
 
 def delta_change_sums(new: list[torch.Tensor], old: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,11 +101,17 @@ def change_rate(num: float, den: float, step: int, last_step: int) -> float:
     return ratio(num, den) / max(1, step - last_step)
 
 
-def decide(delta_sim: float | None, acc_err: float, step: int, num_steps: int | None, cfg) -> bool:
+def capped(run_skips: int, cfg) -> bool:
+    """True when ``run_skips`` consecutive skips already reach ``tdc_max_skips`` (0: no cap)."""
+    return 0 < cfg.tdc_max_skips <= run_skips
+
+
+def decide(delta_sim: float | None, acc_err: float, step: int, num_steps: int | None, cfg,
+           run_skips: int = 0) -> bool:
     """True when a block holding a cached delta may be skipped at ``step`` (see the module docstring):
     ``delta_sim`` is its change rate at the last refresh (None before two computed deltas), ``acc_err``
-    the skip error accumulated since."""
-    if not cfg.tdc or step < cfg.tdc_first:
+    the skip error accumulated since, ``run_skips`` its consecutive skips before this step."""
+    if not cfg.tdc or step < cfg.tdc_first or capped(run_skips, cfg):
         return False
     if num_steps is not None and step >= num_steps - cfg.tdc_last:
         return False
@@ -113,12 +128,19 @@ def accumulate(acc_err: float, delta_sim: float | None) -> float:
 
 def step_skips(probe_change: float | None, step: int, num_steps: int | None, cfg) -> bool:
     """Step mode: True when the blocks after the probe skip jointly at ``step`` — inside the window and the
-    probe's drift since the last computed step (None without a reference) at most the probe threshold."""
+    probe's drift since the last computed step (None without a reference) at most the probe threshold.
+    (The cap on consecutive skipped steps, :func:`capped`, is the hook's: it records why.)"""
     if not cfg.tdc or step < cfg.tdc_first or probe_change is None:
         return False
     if num_steps is not None and step >= num_steps - cfg.tdc_last:
         return False
     return probe_change <= cfg.tdc_probe_threshold
+
+
+def fixed(index: int, num_blocks: int, cfg) -> bool:
+    """True for a block that never skips in a live decision: step mode's probe (block 0) and, in either mode,
+    the ``tdc_tail`` last blocks."""
+    return (cfg.tdc_mode == "step" and index == 0) or index >= num_blocks - cfg.tdc_tail
 
 
 def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: int, last_step: int,

@@ -10,7 +10,7 @@ import torch
 import sixbit
 from sixbit import SixBitConfig, SkipSchedule
 from sixbit import pdr as pdr_rule
-from sixbit.testing import generate, tiny_cogvideox_pipeline
+from sixbit.testing import generate, tiny_cogvideox_pipeline, tiny_wan_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -349,12 +349,14 @@ def test_linear_reuse_returns_input_plus_the_first_order_forecast():
     assert d["steps"][2]["blocks"][1]["delta_sim"] == pytest.approx(float(err), rel=1e-5)
 
 
-@pytest.mark.parametrize("mode,reuse", [("block", "linear"), ("step", "last"), ("step", "linear")])
-def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(mode, reuse):
+@pytest.mark.parametrize("mode,reuse,extra", [("block", "linear", {}), ("step", "last", {}), ("step", "linear", {}),
+                                              ("step", "last", {"tdc_tail": 1, "tdc_max_skips": 2}),
+                                              ("block", "last", {"tdc_tail": 1, "tdc_max_skips": 1})])
+def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(mode, reuse, extra):
     pipe = tiny_cogvideox_pipeline(seed=0)
     cfg = SixBitConfig.preset("full", policy=None, tau=1.0, pdr_rho=0.0, pdr_k_sigma=1.0, tdc_mode=mode, tdc_reuse=reuse,
                               tdc_threshold=math.inf, tdc_budget=0.8, tdc_probe_threshold=math.inf,
-                              tdc_first=2, tdc_last=1)
+                              tdc_first=2, tdc_last=1, **extra)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=8)
     d = handle.trace.to_dict()
@@ -365,10 +367,11 @@ def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(
             prev = d["steps"][t - 1]["blocks"][b] if t else None
             if not blk["computed"]:
                 continue
-            # PDR (ρ = 0 at k_σ = 1 fires wherever it checks) checks the deltas a later skip may reuse — never the probe's
-            probe = mode == "step" and b == 0
+            # PDR (ρ = 0 at k_σ = 1 fires wherever it checks) checks the deltas a later skip may reuse — never the
+            # probe's or a tail block's (those never skip)
+            fixed = (mode == "step" and b == 0) or b >= 3 - cfg.tdc_tail
             reusable = cfg.tdc_first <= t + 1 < 8 - cfg.tdc_last
-            assert blk["pdr"] == (reusable and not probe), (t, b, blk)
+            assert blk["pdr"] == (reusable and not fixed), (t, b, blk)
             # "the step after a skip" is the block's own previous evaluation skipped: no fresh Γ → INT8
             if blk["pdr"]:
                 assert blk["mode"] == "pdr"
@@ -382,10 +385,14 @@ def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(
         assert all(s["blocks"][0]["computed"] for s in d["steps"])
 
 
-@pytest.mark.parametrize("mode,reuse", [("block", "linear"), ("step", "linear")])
-def test_variant_state_resets_between_calls_and_shapes(mode, reuse):
-    """A leaked delta (or forecast history) from an earlier call would change the later calls' results."""
-    cfg = SixBitConfig.preset("tdc_only", **{**FORCE, "tdc_mode": mode, "tdc_reuse": reuse, "tdc_probe_threshold": math.inf})
+@pytest.mark.parametrize("mode,reuse,extra", [("block", "linear", {}), ("step", "linear", {}),
+                                              ("step", "last", {"tdc_tail": 1, "tdc_max_skips": 2}),
+                                              ("block", "last", {"tdc_max_skips": 2})])
+def test_variant_state_resets_between_calls_and_shapes(mode, reuse, extra):
+    """A leaked delta (or forecast history, or skip count) from an earlier call would change the later calls'
+    results."""
+    cfg = SixBitConfig.preset("tdc_only", **{**FORCE, "tdc_mode": mode, "tdc_reuse": reuse, "tdc_probe_threshold": math.inf,
+                                             **extra})
     fresh = {}
     for size in (16, 8):
         pipe = tiny_cogvideox_pipeline(seed=0)
@@ -412,3 +419,87 @@ def test_step_mode_schedule_records_and_replays_the_joint_pattern():
     replay = sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), schedule=sched)
     assert torch.equal(generate(pipe, num_inference_steps=5), out)
     assert replay.trace.skip_schedule().branches == sched.branches
+
+
+def test_tail_blocks_compute_every_step_on_the_skipped_blocks_output():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_tail": 1}))
+    blocks = pipe.transformer.transformer_blocks
+    calls = [_capture(b) for b in blocks]
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    assert d["config"]["tdc_tail"] == 1
+    assert [[b["tdc"] for b in s["blocks"]] for s in d["steps"]] == \
+        [["probe_compute", "compute", "tail_compute"]] + [["probe_skip", "reuse", "tail_compute"]] * 4
+    delta1 = [o - i for o, i in zip(calls[1][0]["out"], calls[1][0]["in"])]
+    for t in range(1, 5):
+        for s in range(2):  # the tail block runs on the fresh probe output + block 1's cached Δ
+            assert torch.allclose(calls[2][t]["in"][s], calls[0][t]["out"][s] + delta1[s], atol=1e-6)
+    assert d["summary"]["skip_fraction"] == pytest.approx(4 / 15)
+    # in block mode too the tail never skips, and its delta is never cached
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**FORCE, "tdc_tail": 2}))
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    assert [s["blocks"][0]["skipped"] for s in d["steps"]] == [False, False, True, True, True]
+    assert all(b["tdc"] == "tail_compute" for s in d["steps"] for b in s["blocks"][1:])
+
+
+def test_max_skips_caps_consecutive_skipped_steps_in_both_modes():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_max_skips": 2}))
+    generate(pipe, num_inference_steps=8)
+    d = handle.trace.to_dict()
+    assert [s["blocks"][0]["tdc"] for s in d["steps"]] == \
+        ["probe_compute", "probe_skip", "probe_skip", "probe_capped"] + ["probe_skip"] * 2 + ["probe_capped", "probe_skip"]
+    # a capped step computes every block and moves the reference: the probe's drift restarts from it
+    assert [s["blocks"][1]["computed"] for s in d["steps"]] == [True, False, False, True, False, False, True, False]
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**FORCE, "tdc_max_skips": 1}))
+    generate(pipe, num_inference_steps=7)
+    d = handle.trace.to_dict()
+    for b in range(3):  # two computed deltas first, then skip / refresh alternately
+        assert [s["blocks"][b]["skipped"] for s in d["steps"]] == [False, False, True, False, True, False, True]
+
+
+def test_wan_tail_and_cap_keep_each_branch_s_own_count():
+    pipe = tiny_wan_pipeline(seed=1)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_tail": 1, "tdc_max_skips": 1}))
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    for s, want in zip(d["steps"], ["probe_compute", "probe_skip", "probe_capped", "probe_skip", "probe_capped"]):
+        for br in (s, s["other_branches"]["uncond"]):
+            assert [b["tdc"] for b in br["blocks"]] == [want, "tail_compute"]
+
+
+def test_scaled_reuse_multiplies_the_cached_deltas_by_the_probe_magnitude_ratio():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_reuse": "scaled"}))
+    blocks = pipe.transformer.transformer_blocks
+    calls = [_capture(b) for b in blocks]
+    generate(pipe, num_inference_steps=4)
+    d = handle.trace.to_dict()
+    assert [[b["tdc"] for b in s["blocks"]] for s in d["steps"]] == \
+        [["probe_compute", "compute", "compute"]] + [["probe_skip", "scaled", "scaled"]] * 3
+    probe = [calls[0][t]["out"][0] - calls[0][t]["in"][0] for t in range(4)]  # video stream of block 0
+    for t in range(1, 4):
+        r = probe[t].abs().sum() / probe[0].abs().sum()  # against the reference, step 0's delta
+        for b in (1, 2):
+            for s in range(2):
+                delta = calls[b][0]["out"][s] - calls[b][0]["in"][s]
+                assert torch.allclose(calls[b][t]["out"][s], calls[b][t]["in"][s] + r * delta, atol=1e-5)
+    with pytest.raises(sixbit.config.ConfigError, match="tdc_reuse='scaled'.*tdc_mode='step'"):
+        SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_reuse="scaled")
+
+
+def test_cap_and_fixed_block_rules():
+    from sixbit import tdc
+
+    c = SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_max_skips=2, tdc_tail=1)
+    assert not tdc.capped(1, c) and tdc.capped(2, c) and not tdc.capped(5, c.replace(tdc_max_skips=0))
+    assert tdc.decide(0.1, 0.0, 5, 10, c, run_skips=1) and not tdc.decide(0.1, 0.0, 5, 10, c, run_skips=2)
+    assert [tdc.fixed(b, 4, c) for b in range(4)] == [False, False, False, True]  # block mode: no probe
+    step = c.replace(tdc_mode="step", tdc_tail=2)
+    assert [tdc.fixed(b, 4, step) for b in range(4)] == [True, False, True, True]
+    with pytest.raises(sixbit.config.ConfigError, match="tdc_max_skips"):
+        c.replace(tdc_max_skips=-1)
