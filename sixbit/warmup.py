@@ -110,7 +110,7 @@ def plan(handle) -> list[tuple[str, object]]:
                 if key + (r,) not in seen:
                     seen.add(key + (r,))
                     items.append((f"attention {attn.heads}×{attn.to_k.out_features // attn.heads} {r}",
-                                  _attention(attn, proc, r, rope)))
+                                  _attention(attn, proc, r, rope, (linear_routes(cfg) or [None])[0])))
     if cfg.fused_producers and handle.adapter.family == "cogvideox" and {INT8, W8A8} & set(linear_routes(cfg)):
         from sixbit import fused
 
@@ -213,8 +213,17 @@ def _attention_module(handle, proc):
     return next((m for m in handle.transformer.modules() if getattr(m, "processor", None) is proc), None)
 
 
-def _attention(attn, proc, route: str, rope: bool):
+def _attention(attn, proc, route: str, rope: bool, linear_route: str | None):
+    """The attention module called alone: its projections get a route the config can give them (the block
+    hook sets the real ones at run time; a static W8A8 layer holds no NVFP4 weight)."""
+    from sixbit.linear import SixBitLinear
+
     def run(dev, dtype):
+        lins = [m for m in attn.modules() if isinstance(m, SixBitLinear)]
+        saved_routes = [m.route for m in lins]
+        if linear_route is not None:
+            for m in lins:
+                m.route = linear_route
         width = attn.to_q.in_features
         head_dim = attn.to_k.out_features // attn.heads
         hs = _rand(1, _VIDEO, width, device=dev, dtype=dtype, seed=4)
@@ -226,5 +235,7 @@ def _attention(attn, proc, route: str, rope: bool):
             attn(hs, encoder_hidden_states=enc, image_rotary_emb=(angle.cos(), angle.sin()) if rope else None)
         finally:
             proc.attention_route = saved
+            for m, r in zip(lins, saved_routes):
+                m.route = r
     return run
 

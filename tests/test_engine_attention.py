@@ -136,6 +136,7 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         assert all(n.endswith("w8a8") for n in names if n.startswith("linear"))
         assert not any(n.endswith("fp8") for n in names)  # static baselines keep bf16 attention
         assert any(n.startswith("norm_modulate_int8") for n in names)
+        warmup.warm(h, force=True)  # the attention alone on layers that hold only W8A8 weights (a bug on the H200)
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), policy=pol) as h:
         assert not any(n.startswith(("linear", "norm_modulate_int8")) for n, _ in warmup.plan(h))
 
