@@ -241,7 +241,9 @@ def test_bench_speed_runs_one_and_two_ranks_in_one_job(tmp_path, monkeypatch):
                  "1", "--configs", "full", "--out", str(tmp_path)]) == 0
     (row,) = json.loads((tmp_path / "parallel_cogvideox-tiny_x2.json").read_text())["rows"]
     assert row["ranks_agree"] and row["equal_to_one_gpu"] and len(row["decisions_one_gpu"]) == 3
-    assert row["psnr_db"] > 100 and row["one_gpu_s"] > 0 and row["n_gpu_s"] > 0
+    # float noise, then the 8-bit attention (emulated, on by policy in "full") rounds the rare tie the other
+    # way: 78 dB measured (≥ 130 dB with bf16 attention); the bound for a video is 40 dB
+    assert row["psnr_db"] > 60 and row["one_gpu_s"] > 0 and row["n_gpu_s"] > 0
 
 
 def test_enable_needs_torch_distributed():
