@@ -405,6 +405,8 @@ def test_precision_figure_has_an_attention_row_per_block_after_its_linears():
     assert [row[1] for row in hm.z][2] == code["attn_bf16"] and hm.z[5][1] == code["attn_bf16"]
     assert "transformer_blocks.0 · attention" in hm.customdata[2][0][0] and hm.customdata[2][0][1] == "0.0300"
     assert list(fig.layout.yaxis.ticktext) == ["block 0", "block 1"]
+    # one white separator between the blocks, above block 1's first row (index 3 → y = 2.5)
+    assert [(sh.type, sh.y0, sh.y1, sh.xref) for sh in fig.layout.shapes] == [("line", 2.5, 2.5, "paper")]
     legend = [t.name for t in fig.data[1:]]
     assert any(n.startswith("attention 8-bit (FP8) · 1") for n in legend)
     # a trace without attention routes (older traces): no attention rows

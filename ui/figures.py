@@ -159,8 +159,10 @@ def precision_figure(trace: dict, total_steps: int | None = None, height: int | 
     ))
     _legend_entries(fig, ROUTE_LABELS, ROUTE_COLORS, keys, counts)
     groups = block_groups([linears[i] if kind == "lin" else f"{i}.attention" for kind, i in rows])
-    for _, first, _ in groups[1:]:
-        fig.add_hline(y=first - 0.5, line=dict(color="white", width=2))
+    # the block separators in one layout update (plotly's add_hline re-validates every shape per call: 29 of
+    # them cost ~1.7 s of Python at 2B depth, in the app's redraw loop)
+    fig.update_layout(shapes=[dict(type="line", xref="paper", x0=0, x1=1, yref="y", y0=first - 0.5, y1=first - 0.5,
+                                   line=dict(color="white", width=2)) for _, first, _ in groups[1:]])
     title = "linear layers (+ attention), by block" if len(keys) > len(ROUTES) else "linear layers, by block"
     fig.update_yaxes(autorange="reversed", title=title, tickmode="array",
                      tickvals=[(a + b) / 2 for _, a, b in groups], ticktext=[g for g, _, _ in groups],

@@ -358,7 +358,7 @@ class DemoController:
         n = params["steps"]
         base: RunResult | None = cached
         wait_msg = "the 6Bit run starts after the baseline" if cached is None else "waiting for the first step"
-        last_draw = 0.0
+        last_draw, draw_s = 0.0, 0.0
         trace = None
         job = None
         try:
@@ -384,11 +384,14 @@ class DemoController:
                     now = time.perf_counter()
                     if ev.get("trace") is not None:
                         trace = ev["trace"]
-                        if now - last_draw >= 0.25 or ev["step"] >= n:  # cap redraws at ~4 per second
+                        # cap redraws at ~4 per second, and at a fifth of the time: drawing is Python in
+                        # this process and takes the GIL from the generation thread's kernel launches
+                        if now - last_draw >= max(0.25, 4 * draw_s) or ev["step"] >= n:
                             upd.update(precision=figures.precision_figure(trace, n),
                                        skips=figures.skip_figure(trace, n),
                                        curves=figures.curves_figure(trace, n))
-                            last_draw = now
+                            last_draw = time.perf_counter()
+                            draw_s = last_draw - now
                     yield self.out(**upd)
                 elif kind == "tick":
                     if session in self._last:
