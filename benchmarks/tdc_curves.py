@@ -186,7 +186,7 @@ def peer_points(path: Path, steps: int) -> dict:
         if r.get("family") not in PEER_CACHES or "psnr" not in r.get("summary", {}):
             continue  # not a cache row, or a row with no mini quality (GPU-only: its reason is in the file)
         psnr, comp = r["summary"]["psnr"], r["summary"]["computed_fraction"]
-        if r["family"] in PEER_CACHES and psnr["n"] and math.isfinite(psnr["mean"]):
+        if psnr["n"] and math.isfinite(psnr["mean"]):
             fams.setdefault(r["family"], []).append({"row": name, "label": r["label"], "skip": 1 - comp["mean"],
                                                      "psnr": psnr["mean"]})
     for pts in fams.values():

@@ -115,14 +115,15 @@ def plan(handle) -> list[tuple[str, object]]:
         from sixbit import fused
 
         for _, block in handle.adapter.blocks(handle.transformer):
-            w = block.norm1.norm.normalized_shape[0] if fused.applies(block) else None
-            for dense in (False, True):
-                key = ("producer", w, dense)
-                if w is not None and w <= fused.MAX_DIM and key not in seen:
+            q = block.attn1.to_q if fused.applies(block) else None
+            if q is None or not hasattr(q, "packed") or q.in_features > fused.MAX_DIM:
+                continue
+            for dense in (False, True):  # the operand the consumers read: q/k/v's own Hadamard block
+                key = ("producer", q.in_features, q.packed.hadamard_block, dense)
+                if key not in seen:
                     seen.add(key)
-                    items.append((f"norm_modulate_int8 {w}{' dense' if dense else ''}",
-                                  _producer(block.norm1, dense, handle.modules[0].packed.hadamard_block,
-                                            cfg.backend)))
+                    items.append((f"norm_modulate_int8 {q.in_features}{' dense' if dense else ''}",
+                                  _producer(block.norm1, dense, q.packed.hadamard_block, cfg.backend)))
     return items
 
 
@@ -194,18 +195,15 @@ def _outliers(width: int, cfg):
 
 
 def _producer(norm, dense: bool, hadamard_block, backend: str):
+    """The fused hook's own producer call (``FusedProducersHook._operand``) on a small [text; video] pair."""
     def run(dev, dtype):
-        from sixbit.linear import ops
+        from sixbit.fused import FusedProducersHook
 
         w = norm.norm.normalized_shape[0]
-        x = _rand(1, _VIDEO, w, device=dev, dtype=dtype, seed=7)
-        if not ops().producers_supported(x, backend):
-            return
-        enc = _rand(1, _TEXT, w, device=dev, dtype=dtype, seed=8)
-        s = _rand(1, w, device=dev, dtype=dtype, seed=9)
-        ln = norm.norm
-        ops().norm_modulate_int8([(enc, 1 + s, s), (x, 1 + s, s)], ln.weight, ln.bias, ln.eps, hadamard_block,
-                                 dense=dense, backend=backend)
+        temb = _rand(1, norm.linear.in_features, device=dev, dtype=dtype, seed=9)
+        FusedProducersHook(backend)._operand(norm, temb, _rand(1, _VIDEO, w, device=dev, dtype=dtype, seed=7),
+                                             _rand(1, _TEXT, w, device=dev, dtype=dtype, seed=8),
+                                             ("int8-dense" if dense else "int8", hadamard_block))
     return run
 
 
