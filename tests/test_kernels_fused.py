@@ -74,7 +74,9 @@ def _ln_params(k, seed, dtype, affine=True):
 
 
 @pytest.mark.parametrize("b,s_text,s_video,k,hb", [(2, 5, 17, 256, 64), (1, 3, 1, 64, 16), (2, 0, 9, 128, 128),
-                                                   (2, 7, 41, 1920, 64), (1, 2, 3, 512, None)])
+                                                   (2, 7, 41, 1920, 64), (1, 2, 3, 512, None),
+                                                   (2, 3, 29, 3072, 64), (1, 1, 2, 3072, 128), (1, 2, 7, 3072, None),
+                                                   (2, 0, 5, 4096, 64), (1, 2, 3, 3584, 32)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_norm_modulate_int8_matches_unfused(b, s_text, s_video, k, hb, dtype):
     parts = _parts(b, s_text, s_video, k, seed=k + s_video, dtype=dtype, scale=3.0)
@@ -84,11 +86,13 @@ def test_norm_modulate_int8_matches_unfused(b, s_text, s_video, k, hb, dtype):
     y_ref = spec.norm_modulate(parts, w, bias, eps)
     assert y.shape == y_ref.shape and y.dtype == dtype
     dy = (y.cpu().float() - y_ref.float()).abs()
-    # one ulp of the LayerNorm output carried through "· one_plus" (ulp of that product) and "+ shift"
-    # (the sum's own rounding; with cancellation the difference is large relative to the sum itself)
+    # one ulp of the LayerNorm output carried through "· one_plus" (≤ u·|prod|), that product rounded on
+    # each side (half an ulp each, ≤ u·|prod| together) and "+ shift" (the sum's own rounding; with
+    # cancellation the difference is large relative to the sum itself)
     u = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
     prod = torch.cat([torch.nn.functional.layer_norm(x, (k,), w, bias, eps) * op[:, None] for x, op, _ in parts], 1)
-    assert bool((dy <= u * (prod.float().abs() + y_ref.float().abs()) + 1e-30).all()), "beyond one ulp of the norm"
+    bound = u * (2 * prod.float().abs() + y_ref.float().abs()) + 1e-30
+    assert bool((dy <= bound).all()), "beyond one ulp of the norm"
     assert float((dy > 0).float().mean()) < 2e-3
     today = hq.quantize_int8_act(y_ref.reshape(-1, k).to(DEV), hb)[0]  # the unfused path's codes
     _close_codes(q, _cpu(today), what="vs quantize kernel")
@@ -104,11 +108,12 @@ def _cpu(q):
     return spec.Int8Tensor(q.data.cpu(), q.scale.cpu(), q.orig_dtype)
 
 
-def test_norm_modulate_dense_codes_and_no_affine():
+@pytest.mark.parametrize("k", [384, 3072])
+def test_norm_modulate_dense_codes_and_no_affine(k):
     """fp16 codes (the W4A8 operand) are the same integers; LayerNorm without weight / bias; fp32 input
     (interpreter only: on CUDA the wrapper refuses fp32, whose rotation tile exceeded shared memory)."""
     for dtype in (torch.bfloat16,) + ((torch.float32,) if DEV == "cpu" else ()):
-        parts = _parts(2, 4, 19, 384, seed=5, dtype=dtype)
+        parts = _parts(2, 4, 19, k, seed=5, dtype=dtype)
         q8, _ = nq.norm_modulate(_to(parts, DEV), None, None, 1e-6, 128)
         q16, y = nq.norm_modulate(_to(parts, DEV), None, None, 1e-6, 128, dense=True)
         assert y is None and q16.data.dtype == torch.float16
@@ -116,16 +121,17 @@ def test_norm_modulate_dense_codes_and_no_affine():
         _close_codes(q8, spec.norm_modulate_int8(parts, None, None, 1e-6, 128), what=str(dtype))
 
 
-def test_norm_modulate_norm_only_and_magnitudes():
+@pytest.mark.parametrize("k", [256, 3072])
+def test_norm_modulate_norm_only_and_magnitudes(k):
     """``codes=False`` writes only the modulated output; huge, tiny and all-constant (zero-variance) rows."""
-    parts = _parts(1, 2, 17, 256, seed=9, dtype=torch.bfloat16)
+    parts = _parts(1, 2, 17, k, seed=9, dtype=torch.bfloat16)
     hs = parts[1][0].clone()
     hs[0, 0] *= 1e15
     hs[0, 1] *= 1e-20
     hs[0, 2] = 0.0
     hs[0, 3] = 7.0  # constant row: variance 0, the output is the bias
     parts[1] = (hs, *parts[1][1:])
-    w, bias = _ln_params(256, 1, torch.bfloat16)
+    w, bias = _ln_params(k, 1, torch.bfloat16)
     q, y = nq.norm_modulate(_to(parts, DEV), _dev(w), _dev(bias), 1e-5, 64, codes=False, norm=True)
     assert q is None
     y_ref = spec.norm_modulate(parts, w, bias, 1e-5)
@@ -134,9 +140,10 @@ def test_norm_modulate_norm_only_and_magnitudes():
     _close_codes(q, spec.norm_modulate_int8(parts, w, bias, 1e-5, 64), rate=1e-2)
 
 
-def test_norm_modulate_non_finite_rows():
+@pytest.mark.parametrize("k", [128, 3072])
+def test_norm_modulate_non_finite_rows(k):
     """A NaN or Inf in a token makes that token's scale NaN; the other tokens are unaffected."""
-    parts = _parts(2, 3, 17, 128, seed=11, dtype=torch.bfloat16)
+    parts = _parts(2, 3, 17, k, seed=11, dtype=torch.bfloat16)
     hs = parts[1][0].clone()
     hs[0, 4, 7] = float("nan")
     hs[1, 0, 0] = float("inf")
@@ -146,6 +153,27 @@ def test_norm_modulate_non_finite_rows():
     bad = torch.isnan(ref.scale[:, 0])
     assert int(bad.sum()) == 2 and torch.equal(torch.isnan(q.scale.cpu()[:, 0]), bad)
     _close_codes(q, ref)
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="the interpreter's tile height is what is changed here")
+@pytest.mark.parametrize("k,hb", [(3072, 64), (1920, 64), (4096, 64)])
+def test_norm_modulate_cuda_geometry_in_the_interpreter(monkeypatch, k, hb):
+    """The CUDA tiles (64 rows: one token of 3072 / 4096 per step, two of 1920) give the same bits as the
+    interpreter's 128-row tile, on awkward token counts with zero, huge and constant rows, and match the
+    reference."""
+    parts = _parts(2, 3, 13, k, seed=k, dtype=torch.bfloat16, scale=5.0)
+    hs = parts[1][0].clone()
+    hs[0, 0] = 0.0
+    hs[0, 1] *= 1e20
+    hs[1, 2] = -3.0
+    parts[1] = (hs, *parts[1][1:])
+    w, bias = _ln_params(k, 2, torch.bfloat16)
+    ref = nq.norm_modulate(parts, w, bias, 1e-5, hb, norm=True)
+    monkeypatch.setattr(sk.rows_int8, "INTERP_ROWS", sk.rows_int8.CUDA_ROWS)
+    assert nq.geometry(k, hb, True)[1] == (1 if k > 2048 else 2)  # tokens per step, as on CUDA
+    q, y = nq.norm_modulate(parts, w, bias, 1e-5, hb, norm=True)
+    assert torch.equal(y, ref[1]) and torch.equal(q.data, ref[0].data) and torch.equal(q.scale, ref[0].scale)
+    _close_codes(q, spec.norm_modulate_int8(parts, w, bias, 1e-5, hb), rate=1e-2)
 
 
 def test_norm_modulate_errors():
