@@ -45,7 +45,9 @@ from .rows_int8 import geometry, grid_size, store_int8_rows, tile_index
 ONE_TOKEN_WARPS = 8
 
 
-@triton.jit
+# token counts and offsets vary with the video size: not specialised (a multiple of 16 or not), so the
+# warm-up's small problem compiles the kernel a real video runs
+@triton.jit(do_not_specialize=["S", "S_OUT", "OFF"])
 def _norm_mod_kernel(
     x_ptr, w_ptr, b_ptr, op_ptr, sh_ptr, q_ptr, s_ptr, y_ptr,
     S, S_OUT, OFF, K, stride_op, stride_sh, eps,
@@ -100,7 +102,8 @@ def _check_part(x, one_plus, shift, k, b):
 
 
 def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-                  hadamard_block: int | None, *, codes: bool = True, dense: bool = False, norm: bool = False):
+                  hadamard_block: int | None, *, codes: bool = True, dense: bool = False, norm: bool = False,
+                  num_warps: int | None = None):
     """``LayerNorm(x) · one_plus + shift`` of each part ``(x [B, S_i, K], one_plus [B, K], shift [B, K])``,
     concatenated along the sequence in the order given (``[text; video]``), as
 
@@ -109,7 +112,7 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
     * ``norm``: the modulated output itself ``[B, ΣS_i, K]`` in the model dtype, else ``None``.
 
     ``one_plus`` is ``1 + scale`` as diffusers computes it (in the model dtype). ``formats.norm_modulate_int8``
-    is the reference."""
+    is the reference. ``num_warps`` overrides the launch's warps (benchmarks; same results)."""
     if not (codes or norm):
         raise ValueError("norm_modulate: nothing to emit (codes=False, norm=False)")
     x0 = parts[0][0]
@@ -124,6 +127,7 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
     bk, tok, g, waves, nw = geometry(k, hb, interp)
     if tok == 1 and not interp:  # one-token tiles (rows of 33-64 chunks: 5B's 3072, up to 4096)
         nw = ONE_TOKEN_WARPS
+    nw = num_warps or nw
     s_out = sum(p[0].shape[1] for p in parts)
     dev, dt = x0.device, x0.dtype
     q = torch.empty((b * s_out, k), dtype=torch.float16 if dense else torch.int8, device=dev) if codes else None

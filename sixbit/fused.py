@@ -11,9 +11,11 @@ stream once and writes the per-token INT8 codes of the rotated ``[text; video]``
 that ``ops.QuantizedInput`` instead of a tensor (their GEMM alone runs). Any other route, an outlier count
 to take, an observer, the torch backend or the CPU: the block's own forward runs, unchanged.
 
-Measured on the H200 at 2B shapes (``benchmarks/results/fused_quant_h200.md``): diffusers' norm + modulate
-+ concatenation + sixbit's INT8 quantize 0.662 ms per call, fused 0.352 ms — two calls per block, ~18.6 ms
-per computed step. The GELU → INT8 kernel (``kernels/gelu_quant.py``) measured slower than GELU + quantize
+Measured on the H200 at 2B shapes (``benchmarks/results/fused_quant_h200.md``, the kernel before it loaded
+its per-column operands once per program): diffusers' norm + modulate + concatenation + sixbit's INT8
+quantize 0.653 ms per call, fused 0.268 ms — two calls per block; one W8A8 block 16.82 → 15.96 ms, 25.8 ms
+per computed step. Model dims up to :data:`MAX_DIM` are fused (CogVideoX-5B's 3072 included; its timing:
+``python -m benchmarks fused_quant --model 5b``). The GELU → INT8 kernel (``kernels/gelu_quant.py``) measured slower than GELU + quantize
 (1.05 vs 0.55 ms) and is not wired (docs/KERNELS.md).
 
 :class:`FusedProducersHook` is a ``diffusers.hooks.ModelHook`` on each block, registered *inside* the
@@ -36,9 +38,10 @@ from sixbit.linear import SixBitLinear, ops
 __all__ = ["FUSED_HOOK", "MAX_DIM", "FusedProducersHook", "applies", "common_form"]
 
 FUSED_HOOK = "sixbit_fused_producers"
-#: widest model dim fused: the kernel's short-row tile (≤ 32 chunks of 64), the one measured on the H200
-#: (2B's 1920); wider models (5B's 3072: a one-token tile, unmeasured) run the block's own forward
-MAX_DIM = 2048
+#: widest model dim fused: a token in one register step of at most 64 chunks of 64 (2B's 1920: two tokens
+#: per step, measured on the H200; 5B's 3072 and up to 4096: one token per step on 8 warps,
+#: ``norm_quant.ONE_TOKEN_WARPS``); wider models run the block's own forward
+MAX_DIM = 4096
 
 
 def applies(block: nn.Module) -> bool:

@@ -14,8 +14,10 @@ configured run can reach:
   outlier count, on the blocks' stream widths;
 * each distinct attention (heads × head dim) through sixbit's processor: the fused q/k LayerNorm + rotary
   kernel and every attention route the config can take (bf16 SDPA, 8-bit);
-* the fused norm + modulate → INT8 producer (``sixbit/fused.py``) of each distinct block width, both operand
-  forms, where the config can route INT8 (its own self-check runs on that first call).
+* the fused norm + modulate → INT8 producer (``sixbit/fused.py``) of each distinct block width up to
+  ``fused.MAX_DIM`` (CogVideoX-2B's 1920, 5B's 3072), both operand forms, where the config can route INT8
+  (its own self-check runs on that first call; the kernel does not specialise on token counts, so the
+  small problem compiles what a video's two streams launch — tests/test_kernels_fused.py).
 
 It reuses the load-time self-check instead of adding a pass of its own: the first call of a route on a
 device *is* its self-check (``kernels/selfcheck.py``: the check runs the kernel on an input of the

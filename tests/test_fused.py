@@ -87,6 +87,40 @@ def test_torch_backend_and_outlier_counts_run_todays_path(one_thread):
     assert (hook.fused, hook.unfused) == (1, 1)
 
 
+def test_wider_than_max_dim_runs_the_blocks_own_forward(monkeypatch, one_thread):
+    block, new, hook, args = _block()
+    monkeypatch.setattr(fused, "MAX_DIM", 16)  # the block is 32 wide
+    got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert (hook.fused, hook.unfused) == (0, 2) and all(torch.equal(g, r) for g, r in zip(got, ref))
+
+
+@pytest.mark.parametrize("form", ["int8", "int8-dense"])
+def test_producer_at_cogvideox_5b_width(form, one_thread):
+    """The hook's producer call at CogVideoX-5B's dim 3072 (diffusers' own CogVideoXLayerNormZero: its
+    modulation linear, the ``chunk`` views) against the reference on diffusers' output, awkward token
+    counts; every consumer route of that width fuses (dims up to ``fused.MAX_DIM``)."""
+    from diffusers.models.normalization import CogVideoXLayerNormZero
+
+    dim, dtype = 3072, torch.bfloat16
+    assert dim <= fused.MAX_DIM
+    torch.manual_seed(0)
+    norm = CogVideoXLayerNormZero(64, dim, True, 1e-5, bias=True).to(DEV, dtype).eval()
+    with torch.no_grad():
+        norm.norm.weight.normal_(1.0, 0.2)
+        norm.norm.bias.normal_(0.0, 0.2)
+        g = torch.Generator().manual_seed(1)
+        hs, enc, temb = (torch.randn(*s, generator=g).to(DEV, dtype) for s in ((2, 37, dim), (2, 3, dim), (2, 64)))
+        q, gate, enc_gate = fused.FusedProducersHook("triton")._operand(norm, temb, hs, enc, (form, 64))
+        n_hs, n_enc, ref_gate, ref_enc_gate = norm(hs, enc, temb)
+    assert q.form == form and q.shape == (2, 40, dim) and q.hadamard_block == 64
+    assert torch.equal(gate[:, 0], ref_gate[:, 0]) and torch.equal(enc_gate[:, 0], ref_enc_gate[:, 0])
+    ref = spec.quantize_int8(spec.block_hadamard(torch.cat([n_enc, n_hs], 1).reshape(-1, dim).cpu(), 64),
+                             check_finite=False)
+    d = (q.act.data.cpu().float() - ref.data.float()).abs()
+    assert float(d.max()) <= 1 and float((d > 0).float().mean()) < 2e-3
+    torch.testing.assert_close(q.act.scale.cpu(), ref.scale, rtol=2e-2, atol=0)
+
+
 def test_pipeline_fused_matches_unfused_and_removes_cleanly(one_thread):
     """The engine wires the hook inside its block hook (routes set first): a W8A8 video with the fused
     producers equals the unfused one to the bound; ``remove()`` leaves the blocks as they were."""

@@ -176,6 +176,15 @@ def test_norm_modulate_cuda_geometry_in_the_interpreter(monkeypatch, k, hb):
     _close_codes(q, spec.norm_modulate_int8(parts, w, bias, 1e-5, hb), rate=1e-2)
 
 
+def test_norm_modulate_warps_override_gives_the_same_bits():
+    """At 5B's 3072 (one token per step on CUDA): the default 8 warps and the 4 the benchmark compares."""
+    parts = _to(_parts(2, 3, 21, 3072, seed=4, dtype=torch.bfloat16, scale=2.0), DEV)
+    w, bias = _ln_params(3072, 4, torch.bfloat16)
+    a, ya = nq.norm_modulate(parts, _dev(w), _dev(bias), 1e-5, 64, norm=True)
+    b, yb = nq.norm_modulate(parts, _dev(w), _dev(bias), 1e-5, 64, norm=True, num_warps=4)
+    assert torch.equal(ya, yb) and torch.equal(a.data, b.data) and torch.equal(a.scale, b.scale)
+
+
 def test_norm_modulate_errors():
     if DEV == "cuda":
         with pytest.raises(TypeError, match="fp32"):
@@ -226,3 +235,45 @@ def test_gelu_int8_rejects_long_rows_and_bad_dtype():
         gq.gelu_int8(torch.zeros(2, 129 * 128, dtype=torch.bfloat16, device=DEV), 128)
     with pytest.raises(TypeError, match="bf16"):
         gq.gelu_int8(torch.zeros(2, 64, dtype=torch.int32, device=DEV), 64)
+
+
+_SPEC_SCRIPT = """
+import sys, torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from sixbit import kernels as sk
+from sixbit_kernels import aot
+
+def keys(b, s_video, s_text, d):
+    def drive(sk_, target):
+        mod = torch.empty(b, 6 * d, dtype=torch.bfloat16)[:, :d]  # diffusers' chunk: row stride 6d
+        parts = [(torch.empty(b, n, d, dtype=torch.bfloat16), mod, mod) for n in (s_text, s_video)]
+        sk_.norm_quant.norm_modulate(parts, mod[0], mod[0], 1e-5, 64)
+    saved, aot.drive = aot.drive, drive
+    try:
+        launches = aot.record(sk, None)
+    finally:
+        aot.drive = saved
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    return {repr(create_function_from_signature(f.signature, f.params, backend)(*a, **dict(kw, debug=False))[1])
+            for f, a, kw in launches}
+
+for d in (1920, 3072):
+    warm, real = keys(1, 112, 16, d), keys(2, 17550, 226, d)  # sixbit.warmup's problem; a 49-frame 480x720 video
+    assert warm == real and len(real) == 1, (d, warm, real)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="CPU check of triton's specialisation keys")
+def test_norm_modulate_warmup_problem_compiles_what_a_video_runs():
+    """Triton specialises integer arguments on divisibility by 16: the kernel's token counts and offsets
+    are not specialised, so ``sixbit.warmup``'s small problem (1 × (16 + 112) tokens) and a real video's
+    (2 × (226 + 17,550)) — both streams — launch one and the same compiled kernel."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _SPEC_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-2000:] + proc.stderr[-2000:]
