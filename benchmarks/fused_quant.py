@@ -10,8 +10,8 @@ on the same inputs:
   modulation linear, LayerNorm, multiply, add for both streams), the processor's ``torch.cat([text;
   video])`` and ``hadamard_quant.quantize_int8_act`` (block 64) — against the modulation linear + ``1 +
   scale`` + ``norm_quant.norm_modulate`` (INT8 codes; also the fp16-code form W4A8 reads, and the 16-bit
-  output alone, what a non-INT8 consumer would get; at 5B also the one-token tile on 4 warps, the launch
-  config before ``norm_quant.ONE_TOKEN_WARPS``). Each block runs this twice (norm1, norm2).
+  output alone, what a non-INT8 consumer would get; both codes forms also on the other warp count —
+  4 ↔ 8, ``norm_quant.default_warps`` — to check the launch config). Each block runs this twice (norm1, norm2).
 * **GELU → ff-out operand**: ``F.gelu(approximate="tanh")`` + the INT8 quantize vs ``gelu_quant.gelu_int8``
   (2B only: 5B's 12,288-wide rows exceed the kernel's one-step limit).
 * **to_out's input**: the standalone INT8 quantize of ``[M, dim]`` — what fusing into the attention
@@ -117,8 +117,12 @@ def run(dev, model: str, smoke: bool = False) -> dict:
     fused = {"int8": lambda: nq.norm_modulate(parts(), w, b, eps, HB)[0],
              "int8 fp16 codes (W4A8)": lambda: nq.norm_modulate(parts(), w, b, eps, HB, dense=True)[0],
              "16-bit output only": lambda: nq.norm_modulate(parts(), w, b, eps, HB, codes=False, norm=True)[1]}
-    if nq.geometry(dim, HB, False)[1] == 1:  # one token per step: the default warps vs the 4 used before
-        fused["int8, one-token tile on 4 warps"] = lambda: nq.norm_modulate(parts(), w, b, eps, HB, num_warps=4)[0]
+    warps = nq.default_warps(dim, HB)
+    other = 4 if warps == 8 else 8  # the launch config's check: the same kernels on the other warp count
+    fused[f"int8 on {other} warps (default {warps})"] = lambda: nq.norm_modulate(parts(), w, b, eps, HB,
+                                                                                 num_warps=other)[0]
+    fused[f"int8 fp16 codes on {other} warps (default {warps})"] = lambda: nq.norm_modulate(
+        parts(), w, b, eps, HB, dense=True, num_warps=other)[0]
     res = {"norm": {}, "gelu": {}, "to_out": {}}
     with torch.no_grad():
         res["norm"]["unfused: diffusers norm+modulate + cat + INT8 quantize"] = _ms(unfused_norm)

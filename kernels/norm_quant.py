@@ -92,6 +92,17 @@ def _norm_mod_kernel(
                             HB, INV_SQRT, TOK, G, DENSE, INTERP)
 
 
+def default_warps(k: int, hadamard_block: int | None, interp: bool = False) -> int:
+    """Warps of the launch for rows of ``k``: :data:`ONE_TOKEN_WARPS` where a step holds one token (rows of
+    33-64 chunks: 5B's 3072, up to 4096 at block 64), else ``rows_int8.geometry``'s."""
+    _, tok, _, _, nw = geometry(k, int(hadamard_block or 0), interp)
+    return _warps(tok, nw, interp)
+
+
+def _warps(tok: int, nw: int, interp: bool) -> int:
+    return ONE_TOKEN_WARPS if tok == 1 and not interp else nw
+
+
 def _check_part(x, one_plus, shift, k, b):
     if x.dim() != 3 or x.shape[-1] != k or x.shape[0] != b:
         raise ValueError(f"norm_modulate: stream of shape {tuple(x.shape)}, expected [{b}, S, {k}]")
@@ -125,9 +136,7 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
                         "rotation at K=384, block 128 needed 288 KB of shared memory); the GPU path is bf16/fp16")
     hb = int(hadamard_block or 0)
     bk, tok, g, waves, nw = geometry(k, hb, interp)
-    if tok == 1 and not interp:  # one-token tiles (rows of 33-64 chunks: 5B's 3072, up to 4096)
-        nw = ONE_TOKEN_WARPS
-    nw = num_warps or nw
+    nw = num_warps or _warps(tok, nw, interp)
     s_out = sum(p[0].shape[1] for p in parts)
     dev, dt = x0.device, x0.dtype
     q = torch.empty((b * s_out, k), dtype=torch.float16 if dense else torch.int8, device=dev) if codes else None
@@ -151,4 +160,4 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
     return (Int8Tensor(q, scale, dt) if codes else None), y
 
 
-__all__ = ["norm_modulate"]
+__all__ = ["default_warps", "norm_modulate"]

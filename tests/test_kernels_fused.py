@@ -176,13 +176,17 @@ def test_norm_modulate_cuda_geometry_in_the_interpreter(monkeypatch, k, hb):
     _close_codes(q, spec.norm_modulate_int8(parts, w, bias, 1e-5, hb), rate=1e-2)
 
 
-def test_norm_modulate_warps_override_gives_the_same_bits():
-    """At 5B's 3072 (one token per step on CUDA): the default 8 warps and the 4 the benchmark compares."""
-    parts = _to(_parts(2, 3, 21, 3072, seed=4, dtype=torch.bfloat16, scale=2.0), DEV)
-    w, bias = _ln_params(3072, 4, torch.bfloat16)
-    a, ya = nq.norm_modulate(parts, _dev(w), _dev(bias), 1e-5, 64, norm=True)
-    b, yb = nq.norm_modulate(parts, _dev(w), _dev(bias), 1e-5, 64, norm=True, num_warps=4)
-    assert torch.equal(ya, yb) and torch.equal(a.data, b.data) and torch.equal(a.scale, b.scale)
+@pytest.mark.parametrize("k,warps", [(1920, 8), (3072, 4)])
+def test_norm_modulate_warps_override_gives_the_same_bits(k, warps):
+    """The default warps (CUDA: 4 at 1920, 8 for 3072's one-token tile) and the other count the benchmark
+    compares give the same bits, both codes forms."""
+    assert nq.default_warps(k, 64) == 12 - warps and nq.default_warps(k, 64, interp=True) == 4
+    parts = _to(_parts(2, 3, 21, k, seed=4, dtype=torch.bfloat16, scale=2.0), DEV)
+    w, bias = _ln_params(k, 4, torch.bfloat16)
+    for dense in (False, True):
+        a, ya = nq.norm_modulate(parts, _dev(w), _dev(bias), 1e-5, 64, norm=True, dense=dense)
+        b, yb = nq.norm_modulate(parts, _dev(w), _dev(bias), 1e-5, 64, norm=True, dense=dense, num_warps=warps)
+        assert torch.equal(ya, yb) and torch.equal(a.data, b.data) and torch.equal(a.scale, b.scale)
 
 
 def test_norm_modulate_errors():
