@@ -43,6 +43,13 @@ from .rows_int8 import geometry, grid_size, store_int8_rows, tile_index
 #: -res-usage``): 4 warps need 198 registers → 2 programs (8 warps) per SM; 8 warps 106 → 2 programs,
 #: 16 warps per SM, for 26 % more instructions per step (594 × 8 vs 941 × 4 in the loop)
 ONE_TOKEN_WARPS = 8
+#: programs per SM of the persistent grid (every tile width): a multiple of 2, 3 and 4 — how many programs
+#: fit per SM depends on the compiler's register count (above: 2 or 3; triton 3.6 on the H200 may differ).
+#: The programs' tile counts are equal up to one, so a grid that is not a whole number of resident rounds
+#: leaves SMs idle at the end: greedy-scheduling model, 2 × 17,550 video tokens on 132 SMs, makespan over
+#: the ideal at 2 / 3 / 4 resident programs per SM — 8 per SM: 1.01 / 1.13 / 1.02 (K = 1920);
+#: 4 per SM: 1.00 / 1.49 / 1.01 (K = 3072); 12 per SM: ≤ 1.02 in all six cases
+GRID_PROGRAMS_PER_SM = 12
 
 
 # token counts and offsets vary with the video size: not specialised (a multiple of 16 or not), so the
@@ -137,6 +144,7 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
     hb = int(hadamard_block or 0)
     bk, tok, g, waves, nw = geometry(k, hb, interp)
     nw = num_warps or _warps(tok, nw, interp)
+    waves = waves if interp else GRID_PROGRAMS_PER_SM
     s_out = sum(p[0].shape[1] for p in parts)
     dev, dt = x0.device, x0.dtype
     q = torch.empty((b * s_out, k), dtype=torch.float16 if dense else torch.int8, device=dev) if codes else None
