@@ -153,8 +153,8 @@ class SixBitConfig:
     attention: str = _f(
         "policy",
         "Attention precision of each computed block: 'policy' = 8-bit (FP8 e4m3, docs/ATTENTION.md) where the "
-        "policy predicts its error E_attn = α_attn·Γ + β_attn ≤ τ_attn, else bf16 (warm-up, PDR and after-skip "
-        "steps run bf16; a policy without attention fits runs bf16); 'fp8' = 8-bit on every computed block "
+        "policy predicts its error E_attn = α_attn·Γ + β_attn ≤ τ_attn, else bf16 (warm-up and PDR steps run "
+        "bf16, after-skip steps as attention_after_skip says; a policy without attention fits runs bf16); 'fp8' = 8-bit on every computed block "
         "except warm-up and PDR steps; 'bf16' = never. CogVideoX only (sixbit's attention processor, "
         "fast_qk_norm); on the CPU the 8-bit route is a torch emulation of the kernel's numerics.",
         choices=("bf16", "policy", "fp8"),
@@ -173,6 +173,15 @@ class SixBitConfig:
         "E_attn ≤ τ_attn. Empty = from the policy (see attention_target).",
         min=0.0,
         label="τ_attn (attention error threshold)",
+    )
+    attention_after_skip: str = _f(
+        "bf16",
+        "With attention='policy': the attention of a block's first computed step after a skip, which has no "
+        "fresh Γ: 'bf16' (the safe choice); 'policy' = the policy's rule on the block's last measured Γ, several "
+        "steps old (like after_skip='dmpq' for the linears); 'fp8' = 8-bit. In step-mode TDC most computed "
+        "blocks follow a skip, so this decides most of the 8-bit attention's coverage (docs/ATTENTION.md).",
+        choices=("bf16", "policy", "fp8"),
+        label="After-skip attention",
     )
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
     tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.", label="Temporal Delta Cache")
