@@ -85,8 +85,9 @@ CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 4, 3), 128: (128, 128, 8, 2)}
 #: pointer loads are within 3 % of each other (533 vs 520 TFLOP/s), at D = 128 pointer loads win (616 vs 530)
 TMA = {32: False, 64: True, 128: False}
 #: ``exp2_poly`` choices (module docstring): 0 = every exp2 on MUFU, 1 = all, 2 = every second, 4 = every fourth
-#: exp2 of a tile by the FMA-unit polynomial
+#: exp2 of a tile by the FMA-unit polynomial; the default per head dim (off until measured on a GPU)
 EXP2_POLY = (0, 1, 2, 4)
+POLY = {32: 0, 64: 0, 128: 0}
 #: max relative error of the polynomial 2**x in fp32 (measured on a dense grid: tests/test_kernels_attention.py)
 EXP2_POLY_MAX_REL_ERR = 7.5e-5
 
@@ -368,14 +369,14 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
 
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int = 0) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
     place). ``kv_len``: int32/int64 ``[B]`` keys per batch (key padding). ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
     tensor descriptors instead of pointer loads (default :data:`TMA`); ``exp2_poly``: 1 in this many exp2 by
-    the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off)."""
+    the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off; default :data:`POLY`)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
@@ -384,6 +385,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     bm, bn, warps, stages = config or CONFIGS[D]
     if bn != kv.block_n:
         raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
+    exp2_poly = POLY.get(D, 0) if exp2_poly is None else exp2_poly
     if exp2_poly not in EXP2_POLY:
         raise ValueError(f"attention_fp8: exp2_poly must be one of {EXP2_POLY}, got {exp2_poly!r}")
     if tma is None:  # TMA descriptors need sm_90+ (the kernel itself runs from sm_89)
@@ -418,7 +420,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int = 0) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
     _check_qkv(q, k, v, qk)
@@ -447,5 +449,5 @@ def _check_qkv(q, k, v, qk):
                          f"{sorted(CONFIGS)})")
 
 
-__all__ = ["KV8", "CONFIGS", "TMA", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "quantize_kv", "attention_fp8",
+__all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "quantize_kv", "attention_fp8",
            "fp8_attention", "supported", "exp2_tile"]

@@ -39,7 +39,7 @@ def _sdpa(q, k, v, kv_len=None):
 def _run(q, k, v, **kw):
     kv_len = kw.pop("kv_len", None)
     cfg = kw.pop("config", None)
-    poly = kw.pop("exp2_poly", 0)  # a speed option of the kernel: the spec is the same
+    poly = kw.pop("exp2_poly", None)  # a speed option of the kernel: the spec is the same
     out = fa.fp8_attention(q.to(DEV), k.to(DEV), v.to(DEV), config=cfg, exp2_poly=poly,
                            kv_len=None if kv_len is None else kv_len.to(DEV), **kw)
     bn = (cfg or fa.CONFIGS[q.shape[-1]])[1]
