@@ -62,6 +62,7 @@ LABELS = {
     "full_attn_as_policy_t50": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 50 %",
     "full_attn_as_policy_t90": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 90 %",
     "full_attn_as_fp8": "full 6Bit · after-skip attention 8-bit",
+    "fast": "fast preset: full 6Bit · INT8 decisions on W8A8 · after-skip attention by the stale Γ",
     "full_attn_fp8": "full 6Bit · 8-bit attention on every computed block (attention=\"fp8\")",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }

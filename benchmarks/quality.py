@@ -42,7 +42,7 @@ QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", 
                    "full_same_skips", "dmpq_tdc_stream", "full_stream")
 #: opt-in rows (``--configs``): the attention of the step after a skip and τ_attn (docs/ATTENTION.md)
 ATTENTION_CONFIGS = ("full_attn_as_policy", "full_attn_as_fp8", "full_attn_as_policy_t50", "full_attn_as_policy_t90",
-                     "full_attn_fp8")
+                     "full_attn_fp8", "fast")
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)

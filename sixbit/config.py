@@ -16,12 +16,14 @@ tdc_only        off          yes    no     delta caching on the full-precision m
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
 tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=block, reuse=last): ablation
 full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC
+fast            dmpq         yes    yes    full on Hopper's int8 tensor cores (int8_route="w8a8") with 8-bit
+                                           attention after skips too (attention_after_skip="policy")
 w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
 w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activations
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
 ==============  ===========  =====  =====  ===============================================
 
-Attention: the DMPQ presets (balanced/full, aggressive, dmpq_only, dmpq_tdc, full_paper) route each block's
+Attention: the DMPQ presets (balanced/full, aggressive, dmpq_only, dmpq_tdc, full_paper, fast) route each block's
 attention by the policy (``attention="policy"``: 8-bit where its predicted error is at most τ_attn); the
 static baselines, ``off``/``fp16``, ``tdc_only`` and ``tdc_paper`` keep bf16 attention.
 
@@ -387,6 +389,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
+    "fast": dict(int8_route=W8A8, attention_after_skip="policy"),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),
     "w8a8": dict(quant="w8a8", **_STATIC),

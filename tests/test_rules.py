@@ -260,7 +260,10 @@ def test_attention_config_fields_are_validated_and_the_presets_choose():
         SixBitConfig(tau_attn=-1.0)
     with pytest.raises(ConfigError, match="attention_target"):
         SixBitConfig(attention_target=1.5)
-    for name in ("balanced", "full", "aggressive", "dmpq_only", "dmpq_tdc", "full_paper"):
+    for name in ("balanced", "full", "aggressive", "dmpq_only", "dmpq_tdc", "full_paper", "fast"):
         assert SixBitConfig.preset(name).attention == "policy", name
+    fast = SixBitConfig.preset("fast")
+    assert (fast.attention_after_skip, fast.int8_route) == ("policy", "w8a8")
+    assert SixBitConfig.preset("full").attention_after_skip == "bf16"
     for name in ("off", "fp16", "w8a8", "w4a4", "w4a8", "tdc_only", "tdc_paper"):
         assert SixBitConfig.preset(name).attention == "bf16", name
