@@ -13,6 +13,13 @@ error against fp32 attention on 256 random query rows (all keys), on N(0, 1) inp
 scaled ×20. ``--sweep`` first times a grid of tile configs (BLOCK_M, BLOCK_N, warps, stages) and the
 speed options on the 2B shape (and a smaller grid at head dim 128) and uses the fastest.
 
+``--variants`` instead times only the kernel's speed variants (:data:`SPEED_VARIANTS`: the polynomial
+``exp2`` on the FMA units, ``exp2_poly``, and tile sizes / stages / warps) at the 2B shape against cuDNN SDPA
+in the same run and on the same inputs — the kernel alone on pre-quantized K/V, the whole call, and the
+relative L2 error vs fp32 of each — in about two minutes on an H200::
+
+    python -m benchmarks.attention --variants --out benchmarks/results/attention_variants_h200
+
 Writes ``<out>.json`` and ``<out>.md`` (device, versions, command); a section that fails is recorded.
 """
 
@@ -41,6 +48,11 @@ SHAPES = [("CogVideoX-2B", 2, 30, 17776, 64), ("CogVideoX-5B", 2, 48, 17776, 64)
 #: the 8-bit variants timed at every shape: (name, qk, rotate)
 VARIANTS = [("fp8", "fp8", False), ("int8+rot QK", "int8", True)]
 ERR_ROWS = 256
+#: ``--variants``: (name, (BLOCK_M, BLOCK_N, num_warps, num_stages), tma, exp2_poly); the first is the default
+_TILES = [("", (128, 128, 4, 3), True), (", 2 stages", (128, 128, 4, 2), True), (", 4 stages", (128, 128, 4, 4), True),
+          (", BN 64", (128, 64, 4, 3), True), (", BM 64", (64, 128, 4, 3), True)]
+SPEED_VARIANTS = [(f"exp2 1/{poly} poly{t}" if poly else f"exp2 MUFU{t}", cfg, tma, poly)
+                  for poly in (0, 4, 2, 1) for t, cfg, tma in (_TILES if poly in (0, 4, 2) else _TILES[:1])]
 
 
 def _ms(fn, *args, **kwargs):
@@ -54,9 +66,9 @@ def _tflops(B, H, S, D, ms):
     return 4 * B * H * S * S * D / (ms * 1e-3) / 1e12
 
 
-def _inputs(B, H, S, D, outliers: bool, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+def _inputs(B, H, S, D, outliers: bool, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(B, H, S, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
     if outliers:
         k[..., :5] *= 20
     return q, k, v
@@ -94,6 +106,53 @@ def sweep(B, H, S, D, grid, log):
         log(f"  sweep D={D} {rows[-1]}")
     best = min((r for r in rows if "ms" in r), key=lambda r: r["ms"])
     return rows, best
+
+
+def variants(name, B, H, S, D, grid, log, *, device="cuda", timer=_ms, baseline=None):
+    """Each speed variant of ``grid`` (:data:`SPEED_VARIANTS` rows) at one shape against ``baseline`` (default
+    cuDNN SDPA bf16), same inputs, same run: the kernel alone on pre-quantized K/V, the whole call (K/V pass +
+    attention), × baseline for both, and the relative L2 error of the whole call vs fp32 on ERR_ROWS rows.
+    A variant that fails (compile, shared memory) is recorded and the others still run."""
+    baseline = baseline or _sdpa(SDPBackend.CUDNN_ATTENTION)
+    q, k, v = _inputs(B, H, S, D, False, device=device)
+    idx = torch.randperm(S, generator=torch.Generator().manual_seed(1))[:ERR_ROWS].sort().values.to(device)
+    ref = _fp32_rows(q, k, v, idx)
+    base_ms = timer(baseline, q, k, v)
+    res = {"shape": name, "B": B, "H": H, "S": S, "D": D, "baseline": "cuDNN SDPA bf16", "baseline_ms": base_ms,
+           "baseline_tflops": _tflops(B, H, S, D, base_ms),
+           "baseline_rel_l2": float(spec.relative_error(baseline(q, k, v)[:, :, idx], ref)), "rows": []}
+    for vname, cfg, tma, poly in grid:
+        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly}
+        try:
+            opts = dict(config=tuple(cfg), tma=tma, exp2_poly=poly)
+            kv = fa.quantize_kv(k, v, block_n=cfg[1])
+            row["kernel_ms"] = timer(fa.attention_fp8, q, kv, **opts)
+            row["whole_ms"] = timer(fa.fp8_attention, q, k, v, **opts)
+            row["rel_l2"] = float(spec.relative_error(fa.fp8_attention(q, k, v, **opts)[:, :, idx], ref))
+            row.update(kernel_tflops=_tflops(B, H, S, D, row["kernel_ms"]), kernel_x=base_ms / row["kernel_ms"],
+                       whole_x=base_ms / row["whole_ms"])
+        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: recorded, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        res["rows"].append(row)
+        log(f"  variants {name}: {row}")
+    return res
+
+
+def variants_markdown(res):
+    lines = [f"## Speed variants at {res['shape']} (B={res['B']}, H={res['H']}, S={res['S']}, D={res['D']})", "",
+             f"Baseline {res['baseline']}: {res['baseline_ms']:.2f} ms, {res['baseline_tflops']:.0f} TFLOP/s, rel. L2 "
+             f"{res['baseline_rel_l2']:.2%}. *kernel*: the attention kernel on pre-quantized K/V; *whole*: K/V pass + "
+             "attention (what the processor calls); × = baseline ms / variant ms.", "",
+             "| variant | config (BM, BN, warps, stages) | tma | exp2_poly | kernel ms | kernel TFLOP/s | kernel × | "
+             "whole ms | whole × | rel. L2 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        if "error" in r:
+            cells = [f"failed: `{r['error'][:80]}`"] + ["—"] * 5
+        else:
+            cells = [f"{r['kernel_ms']:.2f}", f"{r['kernel_tflops']:.0f}", f"{r['kernel_x']:.2f}", f"{r['whole_ms']:.2f}",
+                     f"**{r['whole_x']:.2f}**", f"{r['rel_l2']:.2%}"]
+        lines.append(f"| {r['variant']} | {tuple(r['config'])} | {r['tma']} | {r['exp2_poly']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def measure_shape(name, B, H, S, D, best, log):
@@ -171,6 +230,9 @@ def to_markdown(report):
                      ("speedup_vs_cudnn", "{:.2f}"), ("normal", "{:.2%}"), ("K outliers", "{:.2%}"))]
             lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
         lines.append("")
+    for v in report.get("variants", []):
+        lines += [variants_markdown(v)] if "error" not in v else [f"## Speed variants {v['shape']}: failed", "",
+                                                                  f"`{v['error']}`", ""]
     if report.get("sweep"):
         lines += ["## Tile sweep (attention kernel alone, pre-quantized K/V)", "",
                   "| D | config (BM, BN, warps, stages) | tma | ms | TFLOP/s |", "|---|---|---|---|---|"]
@@ -186,6 +248,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     ap.add_argument("--sweep", action="store_true", help="tune tile configs and options first")
     ap.add_argument("--shapes", default="all", help="comma-separated shape indices (default all)")
+    ap.add_argument("--variants", action="store_true",
+                    help="only the kernel's speed variants (SPEED_VARIANTS) at the 2B shape against cuDNN")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks.attention needs a CUDA GPU")
@@ -204,6 +268,15 @@ def main(argv=None):
     def log(msg):
         print(msg, flush=True)
 
+    if args.variants:
+        name, B, H, S, D = SHAPES[0]
+        try:
+            report["variants"] = [variants(name, B, H, S, D, SPEED_VARIANTS, log)]
+        except Exception:  # noqa: BLE001
+            report["variants"] = [{"shape": name, "error": traceback.format_exc()[-500:]}]
+        save()
+        print(to_markdown(report))
+        return
     idx = range(len(SHAPES)) if args.shapes == "all" else [int(i) for i in args.shapes.split(",")]
     # around the fastest of the first run (attention_h200_first.md): 4 warps per 128 rows; 8 warps only
     # as two warpgroups of 128 rows each (BLOCK_M 256)

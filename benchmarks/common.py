@@ -40,7 +40,14 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  # these rows are the same configurations with bf16 attention, for the comparison
                  "full_bf16attn": ("full", dict(attention="bf16")),
                  "full_w8a8_bf16attn": ("full", dict(int8_route="w8a8", attention="bf16")),
-                 "full_same_skips": ("full", {})}
+                 "full_same_skips": ("full", {}),
+                 # the attention of the first computed step after a skip (no fresh Γ): the policy on the stale
+                 # Γ, or 8-bit (the presets: bf16); _tNN: τ_attn at attention_target NN %; attn_fp8: every block
+                 "full_attn_as_policy": ("full", dict(attention_after_skip="policy")),
+                 "full_attn_as_policy_t50": ("full", dict(attention_after_skip="policy", attention_target=0.5)),
+                 "full_attn_as_policy_t90": ("full", dict(attention_after_skip="policy", attention_target=0.9)),
+                 "full_attn_as_fp8": ("full", dict(attention_after_skip="fp8")),
+                 "full_attn_fp8": ("full", dict(attention="fp8"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -51,6 +58,12 @@ LABELS = {
     "full_stream": "full 6Bit · FP16 weights streamed",
     "full_same_skips": "full 6Bit · DMPQ+TDC's skips replayed (PDR's effect alone)",
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies) + 8-bit attention by policy",
+    "full_attn_as_policy": "full 6Bit · after-skip attention by the policy on the stale Γ",
+    "full_attn_as_policy_t50": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 50 %",
+    "full_attn_as_policy_t90": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 90 %",
+    "full_attn_as_fp8": "full 6Bit · after-skip attention 8-bit",
+    "fast": "fast preset: full 6Bit · INT8 decisions on W8A8 · after-skip attention by the stale Γ",
+    "full_attn_fp8": "full 6Bit · 8-bit attention on every computed block (attention=\"fp8\")",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }
 

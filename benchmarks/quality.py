@@ -5,7 +5,8 @@ static W8A8, static W4A4, DMPQ only, TDC only, DMPQ+TDC without PDR, full), many
 PSNR/SSIM against the FP16 video of the same prompt and seed, temporal flicker, flow score and its error
 vs FP16, prompt adherence (sixbit-mini's judge), average activation bits, fraction of block evaluations
 skipped, PDR firings, wall time. Mean and spread per configuration. It also records the full method's
-skip schedule (``<name>_schedule.json``), which ``python -m benchmarks speed`` replays at real sizes.
+skip schedule (``<name>_schedule.json``; ``--schedule-config`` names another row), which
+``python -m benchmarks speed`` replays at real sizes.
 ``--tdc-threshold``/``--tdc-budget`` and ``--pdr-rho`` override those settings in every configuration
 that uses TDC / PDR (sweeps). The CPU path is deterministic: a run reproduces the committed
 ``results/quality_mini.json`` numbers exactly (wall times aside).
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import (
+    EXTRA_CONFIGS,
     LABELS,
     RESULTS,
     env_md,
@@ -38,6 +40,9 @@ from benchmarks.common import (
 #: the ablation rows, in the order of the paper's table (preset names of SixBitConfig; "fp16" = no sixbit)
 QUALITY_CONFIGS = ("fp16", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full_bf16attn", "full",
                    "full_same_skips", "dmpq_tdc_stream", "full_stream")
+#: opt-in rows (``--configs``): the attention of the step after a skip and τ_attn (docs/ATTENTION.md)
+ATTENTION_CONFIGS = ("full_attn_as_policy", "full_attn_as_fp8", "full_attn_as_policy_t50", "full_attn_as_policy_t90",
+                     "full_attn_fp8", "fast")
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)
@@ -106,7 +111,7 @@ def quality(args) -> dict:
                         summ = handle.trace.summary()
                         rec.update(avg_act_bits=summ["avg_act_bits"], skip_fraction=summ["skip_fraction"],
                                    pdr_count=summ["pdr_count"], attention_fp8=summ["attention_fp8_fraction"])
-                        if cfg_name == "full" and schedule is None:
+                        if cfg_name == args.schedule_config and schedule is None:
                             schedule = handle.trace.skip_schedule()
                         if cfg_name in skips:
                             rec_sched = handle.trace.skip_schedule()
@@ -133,7 +138,9 @@ def quality(args) -> dict:
         payload["full_skip_fraction"] = schedule.skip_fraction
         sched_path = Path(args.out) / f"{args.name or 'quality_mini'}_schedule.json"
         sched_path.parent.mkdir(parents=True, exist_ok=True)
-        schedule.source.update(model="sixbit-mini", generation={k: v for k, v in gen.items()}, preset="full")
+        preset, over = EXTRA_CONFIGS.get(args.schedule_config, (args.schedule_config, {}))
+        schedule.source.update(model="sixbit-mini", generation={k: v for k, v in gen.items()}, preset=preset,
+                               row=args.schedule_config, overrides=over, prompt=prompts[0], seed=seeds[0])
         schedule.save(sched_path)
     md = [f"# Quality on sixbit-mini — {len(prompts)} prompts × {len(seeds)} seeds", "",
           "Mean ± standard deviation over prompts × seeds. PSNR/SSIM/flow error are against the FP16/FP32 video of "
@@ -166,11 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=12, help="number of evaluation prompts (in-grammar)")
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="override num_inference_steps")
-    p.add_argument("--configs", nargs="*", choices=QUALITY_CONFIGS)
+    p.add_argument("--configs", nargs="*", choices=QUALITY_CONFIGS + ATTENTION_CONFIGS)
     p.add_argument("--tdc-threshold", type=float, default=None, help="override for every configuration with TDC")
     p.add_argument("--tdc-budget", type=float, default=None, help="override for every configuration with TDC")
     p.add_argument("--pdr-rho", type=float, default=None,
                    help="PDR's outlier-ratio threshold ρ for every configuration with PDR (default: the policy's)")
+    p.add_argument("--schedule-config", default="full", choices=QUALITY_CONFIGS + ATTENTION_CONFIGS,
+                   help="the row whose first run's skip schedule is written (<name>_schedule.json)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--name", default=None)

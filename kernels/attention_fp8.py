@@ -29,6 +29,23 @@ pointer loads. Tried and dropped (slower on the H200, ``benchmarks/results/atten
 434 vs 477 TFLOP/s at the 2B shape) and the row sum from a ``P8 · ones`` MMA (344). The row sum is taken
 over the fp32 ``p`` before rounding (one add per element instead of two conversions and an add).
 
+Speed option under test (``exp2_poly``, default 0 = off; not the spec): at head dim 64 the kernel is bound by
+the softmax's ``exp2``, which runs on the MUFU unit (16 per clock per SM on Hopper). ``exp2_poly`` = 1 / 2 / 4
+computes every / every second / every fourth ``exp2`` of a score tile on the FMA units instead (FlashAttention-4's
+idea): Cody–Waite range reduction ``2^x = 2^j · 2^f`` with ``j = round(x)`` and ``f = x − j ∈ [−½, ½]`` — both
+from one add of 1.5·2²³ (no float→int conversion) —, ``2^f`` by a degree-3 minimax polynomial (relative error
+≤ 7.5·10⁻⁵ in fp32, :data:`EXP2_POLY_MAX_REL_ERR`; computed for this module by the Remez algorithm), and ``j``
+added to the exponent bits with an integer shift and add; arguments are clamped at −125 (``p`` below 2⁻¹²⁵
+counts as ≈ 2⁻¹²⁵ in the row sum, an e4m3 zero in PV). Every score of a tile stays in one MMA: the tile is split
+into interleaved column pairs (``tl.split``) and joined back. The error is ~800× below the e4m3 rounding of P
+that follows (half an ulp: 6.25 %), so at most one P code in ~800 moves to its neighbour, and the row sum moves
+by ≤ 7.5·10⁻⁵ relative. A NaN score of a non-finite Q row is not carried by the polynomial; the epilogue writes
+NaN where the row's Q scale is not finite (K/V: the NaN V scales already do). Not yet measured on a GPU
+(``python -m benchmarks.attention --variants``). Cross-compiled for sm_90 on the CPU (Triton 3.9; D = 64, tile
+(128, 128, 4, 3), pointer loads): ``exp2_poly=2`` halves the PTX's ``ex2.approx`` (264 → 136) for 384 more FMAs
+with the same 16 KB of shared memory (the pair split stays in registers); ``exp2_poly=4``'s second split goes
+through shared memory (40 KB, 4× the ``ld.shared``); ``exp2_poly=1`` leaves 8 (the rescale's).
+
 Lengths. Query rows past ``S_q`` are masked on load/store. Keys: ``kv_len`` (int32 per batch, ≤ S_kv;
 default S_kv) ends each batch's keys; full key blocks run unmasked, the one partial block runs masked
 (keys ≥ kv_len get −inf). A key-padding mask is exactly this. ``kv_len`` = 0 gives NaN (0/0).
@@ -67,6 +84,12 @@ CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 4, 3), 128: (128, 128, 8, 2)}
 #: TMA descriptor loads for K/V per head dim (module docstring), from the same sweep: at D = 64 TMA and
 #: pointer loads are within 3 % of each other (533 vs 520 TFLOP/s), at D = 128 pointer loads win (616 vs 530)
 TMA = {32: False, 64: True, 128: False}
+#: ``exp2_poly`` choices (module docstring): 0 = every exp2 on MUFU, 1 = all, 2 = every second, 4 = every fourth
+#: exp2 of a tile by the FMA-unit polynomial; the default per head dim (off until measured on a GPU)
+EXP2_POLY = (0, 1, 2, 4)
+POLY = {32: 0, 64: 0, 128: 0}
+#: max relative error of the polynomial 2**x in fp32 (measured on a dense grid: tests/test_kernels_attention.py)
+EXP2_POLY_MAX_REL_ERR = 7.5e-5
 
 
 @dataclass
@@ -158,6 +181,54 @@ def _dot8(a, b, acc, INTERP: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
+@triton.jit
+def _exp2_poly(x):
+    """2**x without MUFU (module docstring): j = round(x) from the bits of x + 1.5·2²³, 2**(x − j) by a degree-3
+    minimax polynomial on [−½, ½], j added to the exponent field. x is clamped at −125; NaN is not carried."""
+    x = tl.maximum(x, -125.0)  # keeps the result normal: p(f) ≥ 2**-0.5 at j ≥ -125
+    y = x + 12582912.0  # 1.5 * 2**23: the low mantissa bits of y hold round(x), ties to even
+    f = x - (y - 12582912.0)
+    p = tl.fma(tl.fma(tl.fma(0.0551716685295105, f, 0.2426111251115799), f, 0.6932609677314758), f,
+               0.9999280571937561)
+    j = y.to(tl.int32, bitcast=True) << 23  # the exponent bits of y shift out: round(x) · 2**23
+    return (p.to(tl.int32, bitcast=True) + j).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp2_mix(t, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POLY: tl.constexpr):
+    """exp2 of a [BLOCK_M, BLOCK_N] tile, 1 in ``POLY`` of its elements (interleaved columns) by
+    :func:`_exp2_poly`, the rest on MUFU (``POLY`` = 0: none)."""
+    if POLY == 0:
+        return tl.exp2(t)
+    elif POLY == 1:
+        return _exp2_poly(t)
+    else:
+        a, b = tl.split(tl.reshape(t, (BLOCK_M, BLOCK_N // 2, 2)))
+        if POLY == 2:
+            pb = _exp2_poly(b)
+        else:
+            b0, b1 = tl.split(tl.reshape(b, (BLOCK_M, BLOCK_N // 4, 2)))
+            pb = tl.reshape(tl.join(tl.exp2(b0), _exp2_poly(b1)), (BLOCK_M, BLOCK_N // 2))
+        return tl.reshape(tl.join(tl.exp2(a), pb), (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _exp2_test_kernel(x_ptr, y_ptr, n, POLY: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * 64 * BLOCK + tl.arange(0, 64 * BLOCK)
+    t = tl.load(x_ptr + i, mask=i < n, other=0.0)
+    y = _exp2_mix(tl.reshape(t, (64, BLOCK)), 64, BLOCK, POLY)
+    tl.store(y_ptr + i, tl.reshape(y, (64 * BLOCK,)), mask=i < n)
+
+
+def exp2_tile(x: torch.Tensor, poly: int = 1) -> torch.Tensor:
+    """The kernel's exp2 of a 1-d fp32 tensor (``_exp2_mix`` on [64, 16] tiles) — for its tests."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    check_launchable(x)
+    _exp2_test_kernel[(cdiv(x.numel(), 64 * 16),)](x, y, x.numel(), POLY=poly, BLOCK=16, enable_fp_fusion=False)
+    return y
+
+
 # ---------------------------------------------------------------------------------------- K/V pass
 
 
@@ -223,7 +294,7 @@ def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                TMA: tl.constexpr, INTERP: tl.constexpr):
+                TMA: tl.constexpr, POLY: tl.constexpr, INTERP: tl.constexpr):
     start = tl.multiple_of(start, BLOCK_N)
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
@@ -237,7 +308,7 @@ def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc,
     cks = c * tl.load(ks_base + start // BLOCK_N)
     m_new = tl.maximum(m_i, tl.max(s, axis=1) * cks)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]))
+    p = _exp2_mix(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]), BLOCK_M, BLOCK_N, POLY)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if TMA:
         vt = v_desc.load([bh * D, start]).T
@@ -252,7 +323,8 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
                      qk_const,
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
-                     ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
+                     ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
+                     INTERP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -283,25 +355,28 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     full = (n_kv // BLOCK_N) * BLOCK_N
     for start in range(0, full, BLOCK_N):
         acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start,
-                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, False, TMA, INTERP)
+                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, False, TMA, POLY, INTERP)
     if full < n_kv:
         acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, full,
-                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, True, TMA, INTERP)
+                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, True, TMA, POLY, INTERP)
     vs = tl.load(vs_ptr + bh * D + d)
     out = acc / l_i[:, None] * vs[None, :]
+    if POLY != 0:  # the polynomial does not carry a non-finite Q row's NaN
+        out = tl.where((c == c)[:, None], out, float("nan"))
     o = cast_out(out, o_ptr.dtype.element_ty, INTERP)
     tl.store(o_ptr + b * sob + h * soh + rows64[:, None] * sos + d[None, :] * sod, o, mask=rmask)
 
 
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
     place). ``kv_len``: int32/int64 ``[B]`` keys per batch (key padding). ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
-    tensor descriptors instead of pointer loads (default :data:`TMA`)."""
+    tensor descriptors instead of pointer loads (default :data:`TMA`); ``exp2_poly``: 1 in this many exp2 by
+    the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off; default :data:`POLY`)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
@@ -310,6 +385,9 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     bm, bn, warps, stages = config or CONFIGS[D]
     if bn != kv.block_n:
         raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
+    exp2_poly = POLY.get(D, 0) if exp2_poly is None else exp2_poly
+    if exp2_poly not in EXP2_POLY:
+        raise ValueError(f"attention_fp8: exp2_poly must be one of {EXP2_POLY}, got {exp2_poly!r}")
     if tma is None:  # TMA descriptors need sm_90+ (the kernel itself runs from sm_89)
         tma = TMA.get(D, False) and (interp or torch.cuda.get_device_capability(q.device) >= (9, 0))
     if interp:
@@ -333,7 +411,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
         S_q, kv.seq_len, S_pad, H, qk_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, INTERP=interp,
+        TMA=tma, POLY=exp2_poly, INTERP=interp,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out
@@ -342,13 +420,14 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
     _check_qkv(q, k, v, qk)
     block_n = (config or CONFIGS[q.shape[-1]])[1]
     kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
-    return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma)
+    return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
+                         exp2_poly=exp2_poly)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -370,4 +449,5 @@ def _check_qkv(q, k, v, qk):
                          f"{sorted(CONFIGS)})")
 
 
-__all__ = ["KV8", "CONFIGS", "TMA", "quantize_kv", "attention_fp8", "fp8_attention", "supported"]
+__all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "quantize_kv", "attention_fp8",
+           "fp8_attention", "supported", "exp2_tile"]

@@ -16,12 +16,14 @@ tdc_only        off          yes    no     delta caching on the full-precision m
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
 tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=block, reuse=last): ablation
 full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC
+fast            dmpq         yes    yes    full on Hopper's int8 tensor cores (int8_route="w8a8") with 8-bit
+                                           attention after skips too (attention_after_skip="policy")
 w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
 w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activations
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
 ==============  ===========  =====  =====  ===============================================
 
-Attention: the DMPQ presets (balanced/full, aggressive, dmpq_only, dmpq_tdc, full_paper) route each block's
+Attention: the DMPQ presets (balanced/full, aggressive, dmpq_only, dmpq_tdc, full_paper, fast) route each block's
 attention by the policy (``attention="policy"``: 8-bit where its predicted error is at most τ_attn); the
 static baselines, ``off``/``fp16``, ``tdc_only`` and ``tdc_paper`` keep bf16 attention.
 
@@ -153,8 +155,8 @@ class SixBitConfig:
     attention: str = _f(
         "policy",
         "Attention precision of each computed block: 'policy' = 8-bit (FP8 e4m3, docs/ATTENTION.md) where the "
-        "policy predicts its error E_attn = α_attn·Γ + β_attn ≤ τ_attn, else bf16 (warm-up, PDR and after-skip "
-        "steps run bf16; a policy without attention fits runs bf16); 'fp8' = 8-bit on every computed block "
+        "policy predicts its error E_attn = α_attn·Γ + β_attn ≤ τ_attn, else bf16 (warm-up and PDR steps run "
+        "bf16, after-skip steps as attention_after_skip says; a policy without attention fits runs bf16); 'fp8' = 8-bit on every computed block "
         "except warm-up and PDR steps; 'bf16' = never. CogVideoX only (sixbit's attention processor, "
         "fast_qk_norm); on the CPU the 8-bit route is a torch emulation of the kernel's numerics.",
         choices=("bf16", "policy", "fp8"),
@@ -173,6 +175,15 @@ class SixBitConfig:
         "E_attn ≤ τ_attn. Empty = from the policy (see attention_target).",
         min=0.0,
         label="τ_attn (attention error threshold)",
+    )
+    attention_after_skip: str = _f(
+        "bf16",
+        "With attention='policy': the attention of a block's first computed step after a skip, which has no "
+        "fresh Γ: 'bf16' (the safe choice); 'policy' = the policy's rule on the block's last measured Γ, several "
+        "steps old (like after_skip='dmpq' for the linears); 'fp8' = 8-bit. In step-mode TDC most computed "
+        "blocks follow a skip, so this decides most of the 8-bit attention's coverage (docs/ATTENTION.md).",
+        choices=("bf16", "policy", "fp8"),
+        label="After-skip attention",
     )
     # --- TDC: temporal delta cache ---------------------------------------------------------------------
     tdc: bool = _f(True, "Temporal Delta Cache: skip a block when its residual Δ = out − in is stable.", label="Temporal Delta Cache")
@@ -378,6 +389,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
+    "fast": dict(int8_route=W8A8, attention_after_skip="policy"),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),
     "w8a8": dict(quant="w8a8", **_STATIC),

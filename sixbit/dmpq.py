@@ -26,9 +26,12 @@ The block's attention has its own route (:func:`attention_route`, ``SixBitConfig
 ``"policy"`` the policy predicts the 8-bit attention's relative error ``E_attn = α_attn·Γ + β_attn`` per
 block and the attention runs ``"fp8"`` when ``E_attn ≤ τ_attn``, ``"bf16"`` otherwise (the linears' rule
 mirrored: at most τ takes the fewer bits); every full-precision step (quantization off, warm-up, PDR), a
-block without a fresh Γ (the first computed step after a skip, or before any Γ) and a block without an
-attention fit run ``"bf16"``; a replayed schedule's recorded route wins over the prediction. ``"fp8"``
-runs 8-bit attention on every computed block except warm-up and PDR steps; ``"bf16"`` never.
+block before any Γ and a block without an attention fit run ``"bf16"``; a replayed schedule's recorded
+route wins over the prediction. The first computed step after a skip has no fresh Γ; what its attention
+runs is ``SixBitConfig.attention_after_skip``: ``"bf16"`` (why ``after_skip``), ``"policy"`` (the rule
+above on the stale Γ of the block's last computed step, why ``stale_policy``, as ``after_skip="dmpq"``
+does for the linears) or ``"fp8"`` (why ``after_skip_fp8``). ``attention="fp8"`` runs 8-bit attention on
+every computed block except warm-up and PDR steps; ``"bf16"`` never.
 
 Statistics are returned as tensors of additive sums (numerator, denominator), so that under context
 parallelism they can be all-reduced across ranks before the single host read the decision needs.
@@ -105,7 +108,7 @@ def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: b
 class AttentionRouting:
     """A computed block's attention decision: the route (``"fp8"``/``"bf16"``), the predicted 8-bit error
     (None unless the policy predicted it) and why (``off``, ``full_precision``, ``replay``, ``fp8``,
-    ``no_gamma``, ``no_fit``, ``policy``)."""
+    ``no_gamma``, ``after_skip``, ``after_skip_fp8``, ``no_fit``, ``policy``, ``stale_policy``)."""
 
     route: str
     pred_err: float | None
@@ -126,9 +129,13 @@ def attention_route(cfg, routing: Routing, *, gamma: float | None = None, skippe
         return AttentionRouting(replayed, None, "replay")
     if cfg.attention == "fp8":
         return AttentionRouting("fp8", None, "fp8")
-    if gamma is None or skipped_last:
+    if gamma is None:
         return AttentionRouting("bf16", None, "no_gamma")
+    stale = skipped_last and cfg.attention_after_skip == "policy"
+    if skipped_last and not stale:
+        fp8 = cfg.attention_after_skip == "fp8"
+        return AttentionRouting("fp8" if fp8 else "bf16", None, "after_skip_fp8" if fp8 else "after_skip")
     if fit is None or tau_attn is None:
         return AttentionRouting("bf16", None, "no_fit")
     e = fit.predict(gamma)
-    return AttentionRouting("fp8" if e <= tau_attn else "bf16", e, "policy")
+    return AttentionRouting("fp8" if e <= tau_attn else "bf16", e, "stale_policy" if stale else "policy")

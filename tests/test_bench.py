@@ -53,6 +53,20 @@ def test_quality_smoke_on_sixbit_mini(out, one_thread):
     assert data["summary"]["w4a4"]["pdr_count"]["mean"] == 0 and data["summary"]["full"]["pdr_count"]["n"] == 1
 
 
+def test_quality_records_the_schedule_of_the_row_it_is_told(out, one_thread):
+    """--schedule-config: the schedule of another row (here 8-bit attention after every skip), for bench speed."""
+    quality.main(["--prompts", "1", "--seeds", "1", "--steps", "6", "--configs", "fp16", "full_attn_as_fp8",
+                  "--schedule-config", "full_attn_as_fp8", "--tdc-threshold", "10", "--tdc-budget", "10",
+                  "--out", str(out), "--name", "qa"])
+    sched = json.loads((out / "qa_schedule.json").read_text())
+    assert sched["source"]["row"] == "full_attn_as_fp8"
+    assert sched["source"]["overrides"] == {"attention_after_skip": "fp8"}
+    cells, rows = sched["branches"]["cond_uncond"], sched["attention"]["cond_uncond"]
+    after = [rows[t][b] for t in range(1, len(cells)) for b in range(len(cells[t]))
+             if cells[t][b] and not cells[t - 1][b]]
+    assert after and set(after) == {"8"}
+
+
 def test_quality_same_skips_row_needs_its_source_first(out):
     with pytest.raises(SystemExit, match="dmpq_tdc"):
         quality.main(["--prompts", "1", "--configs", "fp16", "full_same_skips", "--out", str(out)])

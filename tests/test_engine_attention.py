@@ -56,7 +56,7 @@ def test_policy_routes_attention_per_block_and_step_and_the_trace_records_it(pip
         if t >= 1 and prev["computed"]:
             assert a["route"] == "fp8", (t, b)
         elif t >= 1:
-            assert (a["route"], a["why"]) == ("bf16", "no_gamma")
+            assert (a["route"], a["why"]) == ("bf16", "after_skip")
         assert blk["computed"]
     assert any(a["route"] == "skipped" for row in rows for a in row)
     summ = tr["summary"]
@@ -71,6 +71,25 @@ def test_policy_routes_attention_per_block_and_step_and_the_trace_records_it(pip
         generate(pipe, num_inference_steps=STEPS)
         again = h.trace.to_dict()
     assert [[a["route"] for a in row] for row in _attention_rows(again)] == [[a["route"] for a in row] for row in rows]
+
+
+@pytest.mark.parametrize("after,why", [("fp8", "after_skip_fp8"), ("policy", "stale_policy")])
+def test_attention_after_skip_puts_the_step_after_a_skip_on_8bit(pipe, after, why):
+    cfg = SixBitConfig(warmup_steps=1, tdc_first=1, tdc_threshold=10.0, tdc_probe_threshold=10.0, pdr=False,
+                       attention_after_skip=after)
+    with sixbit.apply(pipe, cfg, policy=_policy(pipe)) as h:
+        generate(pipe, num_inference_steps=STEPS)
+        tr = h.trace.to_dict()
+        letters = h.trace.skip_schedule().to_dict()["attention"]["cond_uncond"]
+    rows, n = _attention_rows(tr), 0
+    for t in range(2, STEPS):
+        for b, a in enumerate(rows[t]):
+            if tr["steps"][t]["blocks"][b]["computed"] and not tr["steps"][t - 1]["blocks"][b]["computed"]:
+                n += 1
+                assert (a["route"], a["why"], a["emulated"]) == ("fp8", why, True), (t, b)
+                assert letters[t][b] == "8"
+                assert a["pred_err"] == (pytest.approx(0.01) if after == "policy" else None)
+    assert n > 0
 
 
 def test_threshold_target_and_policy_without_fits_choose_bf16(pipe):

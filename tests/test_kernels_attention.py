@@ -39,7 +39,8 @@ def _sdpa(q, k, v, kv_len=None):
 def _run(q, k, v, **kw):
     kv_len = kw.pop("kv_len", None)
     cfg = kw.pop("config", None)
-    out = fa.fp8_attention(q.to(DEV), k.to(DEV), v.to(DEV), config=cfg,
+    poly = kw.pop("exp2_poly", None)  # a speed option of the kernel: the spec is the same
+    out = fa.fp8_attention(q.to(DEV), k.to(DEV), v.to(DEV), config=cfg, exp2_poly=poly,
                            kv_len=None if kv_len is None else kv_len.to(DEV), **kw)
     bn = (cfg or fa.CONFIGS[q.shape[-1]])[1]
     ref = spec.attention_fp8_reference(q, k, v, block_n=bn, kv_len=kv_len, **kw)
@@ -132,18 +133,52 @@ def test_magnitudes(case):
     assert float(err) < (0.2 if case == "outlier_channels" else 0.08)
 
 
-def test_non_finite_input():
-    """NaN/Inf in a Q row → that row NaN; in K or V of a head → that whole head NaN; others untouched."""
+@pytest.mark.parametrize("poly", [0, 1, 2])
+def test_non_finite_input(poly):
+    """NaN/Inf in a Q row → that row NaN; in K or V of a head → that whole head NaN; others untouched (also
+    with the polynomial exp2, which does not carry NaN itself)."""
     q, k, v = _qkv(B=1, H=4, S=24, D=32, seed=6)
     q[0, 0, 3, 2] = float("nan")
     q[0, 0, 5, 1] = float("inf")
     k[0, 1, 7, 0] = float("-inf")
     v[0, 2, 9, 4] = float("nan")
-    out, ref = _run(q, k, v, config=CFG)
+    out, ref = _run(q, k, v, config=CFG, exp2_poly=poly)
     nan_rows = torch.isnan(out).any(-1)[0]
     assert nan_rows[0].tolist() == [i in (3, 5) for i in range(24)]
     assert bool(torch.isnan(out[0, 1]).all()) and bool(torch.isnan(out[0, 2]).all())
     assert bool(torch.isfinite(out[0, 3]).all())
+    _close(out, ref)
+
+
+@pytest.mark.parametrize("poly", [1, 2, 4])
+def test_exp2_polynomial_accuracy(poly):
+    """The FMA-unit exp2 (Cody–Waite + degree-3 minimax): relative error ≤ EXP2_POLY_MAX_REL_ERR (7.5e-5, ~800×
+    below e4m3's half-ulp 6.25 % that P gets next) on [-125, 9] with every half-integer tie; below -125 (and
+    -inf, a masked key) at most 2**-125, never negative; the MUFU elements of a mixed tile exact to fp32."""
+    grid = torch.linspace(-125, 9, 200_001, dtype=torch.float64)
+    x = torch.cat([grid, torch.arange(-250, 19) / 2.0]).float()
+    y, ref = fa.exp2_tile(x.to(DEV), poly).double().cpu(), torch.exp2(x.double())
+    rel = (y - ref).abs() / ref
+    assert float(rel.max()) <= fa.EXP2_POLY_MAX_REL_ERR
+    if poly > 1:  # the other elements are tl.exp2's (MUFU ex2.approx on a GPU: ≤ 2 ulp)
+        mufu = torch.ones(16, dtype=torch.bool).repeat(x.numel() // 16 + 1)[: x.numel()]
+        mufu.view(-1)[poly - 1::poly] = False
+        assert float(rel[mufu].max()) < 1e-6 and float(rel[~mufu].max()) > 1e-6
+    low = fa.exp2_tile(torch.tensor([-125.5, -200.0, -1e30, float("-inf")] * 64, device=DEV), poly).cpu()
+    assert bool((low >= 0).all()) and float(low.max()) <= 2.0**-125
+
+
+@pytest.mark.parametrize("poly", [1, 2, 4])
+def test_exp2_polynomial_attention_matches_the_spec(poly):
+    """The speed option changes no format: the kernel with it still matches the (unchanged) spec, at awkward
+    lengths and with key padding."""
+    for S, S_kv, D in ((45, 45, 32), (33, 70, 64)):
+        q, k, v = _qkv(S=S, S_kv=S_kv, D=D, seed=S + poly)
+        out, ref = _run(q, k, v, config=CFG, exp2_poly=poly)
+        _close(out, ref)
+        assert float(spec.relative_error(out, ref)) < 0.005  # measured 0.16-0.20 % (without the option: 0.16 %)
+    q, k, v = _qkv(B=3, S=20, S_kv=40, D=32, seed=4)
+    out, ref = _run(q, k, v, kv_len=torch.tensor([40, 17, 1]), config=CFG, exp2_poly=poly)
     _close(out, ref)
 
 
@@ -180,3 +215,32 @@ def test_rejections():
         fa.attention_fp8(q.to(DEV), kv, config=(32, 32, 4, 2))
     with pytest.raises(ValueError, match="does not match"):
         fa.attention_fp8(q[:, :1].to(DEV), kv, config=CFG)
+    with pytest.raises(ValueError, match="exp2_poly"):
+        fa.attention_fp8(q.to(DEV), kv, config=CFG, exp2_poly=3)
+
+
+def test_variants_benchmark_times_each_variant_against_the_baseline():
+    """``python -m benchmarks.attention --variants`` on a tiny shape (CPU: the interpreter, a counting timer): every
+    variant gets kernel/whole times and its error vs fp32; a failing one is recorded, the others still run."""
+    import torch.nn.functional as F
+
+    from benchmarks import attention as bench
+
+    calls = []
+
+    def timer(fn, *a, **kw):
+        calls.append(kw.get("exp2_poly"))
+        fn(*a, **kw)
+        return 2.0 if fn is F.scaled_dot_product_attention else 1.0
+
+    grid = [("mufu", CFG, False, 0), ("half poly", CFG, True, 2), ("bad", CFG, False, 3)]
+    res = bench.variants("tiny", 1, 2, 40, 32, grid, lambda m: None, device=DEV, timer=timer,
+                         baseline=F.scaled_dot_product_attention)
+    ok, bad = res["rows"][:2], res["rows"][2]
+    assert calls == [None, 0, 0, 2, 2, 3] and "exp2_poly" in bad["error"]
+    for r in ok:
+        assert r["kernel_x"] == r["whole_x"] == 2.0 and 0 < r["rel_l2"] < 0.08
+    assert res["baseline_rel_l2"] < 1e-2
+    md = bench.variants_markdown(res)
+    assert "| half poly | (32, 16, 4, 2) | True | 2 | 1.00 |" in md and "failed: `ValueError" in md
+    assert [v[3] for v in bench.SPEED_VARIANTS if v[1:3] == (fa.CONFIGS[64], True)] == [0, 4, 2, 1]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sixbit import dmpq, pdr, tdc
-from sixbit.config import SixBitConfig
+from sixbit.config import ConfigError, SixBitConfig
 from sixbit.hooks import Run, block_stats
 from sixbit.policy import LinearFit
 
@@ -219,23 +219,51 @@ def test_attention_route_by_the_policy_and_its_precedence():
     # no fresh Γ (after a skip, or none yet), no fit, no τ: bf16
     for kw in (dict(skipped_last=True), dict(gamma=None), dict(fit=None), dict(tau_attn=None)):
         assert att(**kw).route == "bf16" and att(**kw).pred_err is None
-    assert att(skipped_last=True).why == "no_gamma" and att(fit=None).why == "no_fit"
+    assert att(skipped_last=True).why == "after_skip" and att(fit=None).why == "no_fit"
+    assert att(gamma=None).why == att(gamma=None, skipped_last=True).why == "no_gamma"
     # "bf16" never, "fp8" always except full precision
     assert att(c=cfg(attention="bf16")).why == "off"
     assert att(c=cfg(attention="fp8"), gamma=None, fit=None).route == "fp8"
     assert att(c=cfg(attention="fp8"), r=route(cfg(warmup_steps=9), step=5)).route == "bf16"
 
 
-def test_attention_config_fields_are_validated_and_the_presets_choose():
-    from sixbit.config import ConfigError
+def test_attention_after_skip_routes_the_first_step_after_a_skip():
+    """attention_after_skip: bf16 (default), the policy on the stale Γ, or 8-bit; only after a skip."""
+    fit = LinearFit(2.0, 0.125)
 
+    def att(after, **kw):
+        c = cfg(attention="policy", attention_after_skip=after)
+        kw = {"gamma": 0.0625, "fit": fit, "tau_attn": 0.25, "skipped_last": True, **kw}
+        return dmpq.attention_route(c, kw.pop("r", route(c)), **kw)
+
+    assert SixBitConfig().attention_after_skip == "bf16"
+    assert att("bf16") == dmpq.AttentionRouting("bf16", None, "after_skip")
+    assert att("fp8") == dmpq.AttentionRouting("fp8", None, "after_skip_fp8")
+    assert att("policy") == dmpq.AttentionRouting("fp8", 0.25, "stale_policy")  # E = 2·Γ + 1/8 ≤ τ
+    assert att("policy", gamma=0.1) == dmpq.AttentionRouting("bf16", pytest.approx(0.325), "stale_policy")
+    assert att("policy", fit=None).why == "no_fit" and att("fp8", fit=None).route == "fp8"
+    for after in ("policy", "fp8"):
+        assert att(after, gamma=None).why == "no_gamma"  # no Γ at all: bf16 whatever the option
+        assert att(after, skipped_last=False) == dmpq.AttentionRouting("fp8", 0.25, "policy")  # a fresh Γ
+        assert att(after, replayed="bf16").why == "replay"
+        assert att(after, r=route(cfg(quant="off"))).why == "full_precision"
+        assert dmpq.attention_route(cfg(attention="bf16", attention_after_skip=after), route(cfg()),
+                                    gamma=0.0625, skipped_last=True, fit=fit, tau_attn=0.25).why == "off"
+    with pytest.raises(ConfigError, match="attention_after_skip"):
+        SixBitConfig(attention_after_skip="int8")
+
+
+def test_attention_config_fields_are_validated_and_the_presets_choose():
     with pytest.raises(ConfigError, match="SixBitConfig.attention "):
         SixBitConfig(attention="int8")
     with pytest.raises(ConfigError, match="tau_attn"):
         SixBitConfig(tau_attn=-1.0)
     with pytest.raises(ConfigError, match="attention_target"):
         SixBitConfig(attention_target=1.5)
-    for name in ("balanced", "full", "aggressive", "dmpq_only", "dmpq_tdc", "full_paper"):
+    for name in ("balanced", "full", "aggressive", "dmpq_only", "dmpq_tdc", "full_paper", "fast"):
         assert SixBitConfig.preset(name).attention == "policy", name
+    fast = SixBitConfig.preset("fast")
+    assert (fast.attention_after_skip, fast.int8_route) == ("policy", "w8a8")
+    assert SixBitConfig.preset("full").attention_after_skip == "bf16"
     for name in ("off", "fp16", "w8a8", "w4a4", "w4a8", "tdc_only", "tdc_paper"):
         assert SixBitConfig.preset(name).attention == "bf16", name
