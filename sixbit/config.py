@@ -16,6 +16,8 @@ tdc_only        off          yes    no     delta caching on the full-precision m
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
 tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=block, reuse=last): ablation
 full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC
+tdc_attn        off          yes    no     attention-only reuse (tdc_scope=attention): the MLP always runs
+full_attn       dmpq         yes    yes    the full method with attention-only reuse
 w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
 w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activations
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
@@ -207,6 +209,15 @@ class SixBitConfig:
         choices=("last", "linear", "scaled"),
         label="TDC reuse",
     )
+    tdc_scope: str = _f(
+        "block",
+        "What a skipped cell reuses: 'block' = the whole block returns input + its cached Δ; 'attention' (step mode) = "
+        "the block still runs, but its self-attention (attn1: projections, attention, output projection) returns "
+        "the output cached at the last computed step (or its linear forecast), while the norms, modulation and MLP "
+        "run on the fresh input — PyramidAttentionBroadcast/FasterCache's lever (docs/TDC.md §7).",
+        choices=("block", "attention"),
+        label="TDC scope",
+    )
     tdc_probe_threshold: float = _f(
         0.2,
         "Step mode: the rest of a step is skipped while the probe block's delta differs from its reference "
@@ -361,6 +372,13 @@ def _validate(cfg: SixBitConfig) -> None:
             raise ConfigError(f"SixBitConfig.{f.name} must be >= {meta['min']}, got {v!r}")
         if "max" in meta and v > meta["max"]:
             raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
+    if cfg.tdc_scope == "attention":
+        if cfg.tdc_mode != "step":
+            raise ConfigError("SixBitConfig.tdc_scope='attention' needs tdc_mode='step' (block mode decides from each "
+                              f"block's own cached delta, which attention reuse does not keep), got {cfg.tdc_mode!r}")
+        if cfg.tdc_reuse == "scaled":
+            raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales cached block deltas by the probe's magnitude "
+                              "ratio: not defined for tdc_scope='attention' (use 'last' or 'linear')")
     if cfg.tdc_reuse == "scaled" and cfg.tdc_mode != "step":
         raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales by the probe's magnitude ratio: it needs "
                           f"tdc_mode='step', got {cfg.tdc_mode!r}")
@@ -378,6 +396,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
+    "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention"),
+    "full_attn": dict(tdc_scope="attention"),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),
     "w8a8": dict(quant="w8a8", **_STATIC),
