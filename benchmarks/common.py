@@ -40,7 +40,10 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  # these rows are the same configurations with bf16 attention, for the comparison
                  "full_bf16attn": ("full", dict(attention="bf16")),
                  "full_w8a8_bf16attn": ("full", dict(int8_route="w8a8", attention="bf16")),
-                 "full_same_skips": ("full", {})}
+                 "full_same_skips": ("full", {}),
+                 # TDC's attention scope with W8A8 (the speed pairing on Hopper)
+                 "w8a8_tdc_attn": ("w8a8", dict(tdc=True, tdc_scope="attention")),
+                 "full_w8a8_attn": ("full_attn", dict(int8_route="w8a8"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -51,6 +54,10 @@ LABELS = {
     "full_stream": "full 6Bit · FP16 weights streamed",
     "full_same_skips": "full 6Bit · DMPQ+TDC's skips replayed (PDR's effect alone)",
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies) + 8-bit attention by policy",
+    "tdc_attn": "TDC only, attention reuse (tdc_scope=attention)",
+    "full_attn": "full 6Bit, attention reuse (tdc_scope=attention) + 8-bit attention by policy",
+    "w8a8_tdc_attn": "static W8A8 + TDC attention reuse",
+    "full_w8a8_attn": "full 6Bit, attention reuse · INT8 decisions on W8A8 + 8-bit attention by policy",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }
 
