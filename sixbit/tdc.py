@@ -279,8 +279,9 @@ class SkipSchedule:
 
     @property
     def route_fractions(self) -> dict[str, float]:
-        """Share of recorded linear evaluations per route (empty without routes)."""
-        letters = "".join(c for p in (self.routes or {}).values() for row in p for c in row)
+        """Share of recorded linear evaluations per route (empty without routes; linears that did not run, the
+        attention's in an attention reuse, are not evaluations)."""
+        letters = "".join(c for p in (self.routes or {}).values() for row in p for c in row).replace(NO_ROUTE, "")
         return {r: letters.count(c) / len(letters) for r, c in LETTERS.items()} if letters else {}
 
     def to_dict(self) -> dict[str, Any]:

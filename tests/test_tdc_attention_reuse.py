@@ -180,6 +180,7 @@ def test_schedule_records_the_scope_and_replays_it(tmp_path, preset):
     assert sched.to_dict()["scope"] == "attention"
     if preset == "full_attn":  # the reused cells' MLP routes are recorded, "-" for the attention's own linears
         assert all(r[1][:4] == "----" and len(r[1]) == 6 for r in sched.routes["cond_uncond"][1:])
+        assert sum(sched.route_fractions.values()) == pytest.approx(1.0)  # over the linears that ran
     loaded = SkipSchedule.load(sched.save(tmp_path / "s.json"))
     assert loaded.scope == "attention" and loaded.routes == sched.routes
     with pytest.raises(ValueError, match="not a string of route letters"):  # "-" only where the scope says so
