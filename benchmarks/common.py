@@ -47,7 +47,10 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "full_attn_as_policy_t50": ("full", dict(attention_after_skip="policy", attention_target=0.5)),
                  "full_attn_as_policy_t90": ("full", dict(attention_after_skip="policy", attention_target=0.9)),
                  "full_attn_as_fp8": ("full", dict(attention_after_skip="fp8")),
-                 "full_attn_fp8": ("full", dict(attention="fp8"))}
+                 "full_attn_fp8": ("full", dict(attention="fp8")),
+                 # TDC's attention scope with W8A8 (the speed pairing on Hopper)
+                 "w8a8_tdc_attn": ("w8a8", dict(tdc=True, tdc_scope="attention")),
+                 "full_w8a8_attn": ("full_attn", dict(int8_route="w8a8"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -64,6 +67,10 @@ LABELS = {
     "full_attn_as_fp8": "full 6Bit · after-skip attention 8-bit",
     "fast": "fast preset: full 6Bit · INT8 decisions on W8A8 · after-skip attention by the stale Γ",
     "full_attn_fp8": "full 6Bit · 8-bit attention on every computed block (attention=\"fp8\")",
+    "tdc_attn": "TDC only, attention reuse (tdc_scope=attention)",
+    "full_attn": "full 6Bit, attention reuse (tdc_scope=attention) + 8-bit attention by policy",
+    "w8a8_tdc_attn": "static W8A8 + TDC attention reuse",
+    "full_w8a8_attn": "full 6Bit, attention reuse · INT8 decisions on W8A8 + 8-bit attention by policy",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
 }
 

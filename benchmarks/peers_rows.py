@@ -349,22 +349,26 @@ def sixbit_row(preset: str, **overrides):
         cfg = sixbit.SixBitConfig.preset(preset, **overrides)
         sched = None
         if ctx.mode is not None and cfg.tdc:
-            sched = _forced_schedule(ctx, cfg.quantized)
+            sched = _forced_schedule(ctx, cfg.quantized, cfg.tdc_scope)
         handle = sixbit.apply(pipe, cfg, schedule=sched)
         pipe._peers_sixbit = handle
         return handle.remove
     return apply
 
 
-def _forced_schedule(ctx: Ctx, quantized: bool):
-    """All-computed (with the routes recorded on sixbit-mini, when the row routes) or all-skipped schedule."""
+def _forced_schedule(ctx: Ctx, quantized: bool, scope: str = "block"):
+    """All-computed (with the routes recorded on sixbit-mini, when the row routes) or all-skipped schedule, its
+    skips of the row's ``tdc_scope`` (whole blocks, or attention reuse)."""
     from sixbit import SkipSchedule
 
     nb, ns = ctx.num_blocks, ctx.steps
     if ctx.mode == "compute" and quantized and ctx.schedule and ctx.schedule.get("routes"):
-        return SkipSchedule.from_dict(ctx.schedule).dense().resample(nb, ns)
-    keep = ctx.mode == "compute"
-    return SkipSchedule(nb, ns, {"all": [[keep] * nb for _ in range(ns)]}, {"forced": ctx.mode})
+        sched = SkipSchedule.from_dict(ctx.schedule).dense().resample(nb, ns)
+    else:
+        keep = ctx.mode == "compute"
+        sched = SkipSchedule(nb, ns, {"all": [[keep] * nb for _ in range(ns)]}, {"forced": ctx.mode})
+    sched.scope = scope
+    return sched
 
 
 # -------------------------------------------------------------------------------------------- the rows
@@ -433,6 +437,8 @@ def build_rows() -> list[Row]:
         R("sixbit_full_w8a8", "sixbit_full_w8a8", "sixbit full, INT8 decisions on W8A8", sixbit_row("full", int8_route="w8a8")),
         R("sixbit_w8a8_tdc", "sixbit_w8a8_tdc", "sixbit static W8A8 + TDC", sixbit_row("w8a8", tdc=True)),
         R("sixbit_aggressive", "sixbit_aggressive", "sixbit aggressive", sixbit_row("aggressive")),
+        R("sixbit_tdc_attn", "sixbit_tdc_attn", "sixbit tdc_attn (TDC attention reuse, no quantization)",
+          sixbit_row("tdc_attn")),
         # the memory row: the modulation linears (left in 16 bits by the presets) packed weight-only 4-bit too
         R("sixbit_full_mod4", "sixbit_full_mod4", "sixbit full, 4-bit modulation weights (modulation_weights=nvfp4)",
           sixbit_row("full", modulation_weights="nvfp4")),

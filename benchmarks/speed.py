@@ -45,7 +45,9 @@ from benchmarks.common import (
 )
 
 SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc",
-                 "full_stream", "full_w8a8", "full_bf16attn", "full_w8a8_bf16attn")
+                 "full_stream", "full_w8a8", "full_bf16attn", "full_w8a8_bf16attn",
+                 # TDC's attention scope (tdc_scope="attention"): replay a schedule recorded with it
+                 "tdc_attn", "full_attn", "w8a8_tdc_attn", "full_w8a8_attn")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
 #: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
 #: from that engineering's
@@ -116,8 +118,15 @@ def speed(args) -> dict:
     results: dict[str, Any] = {"benchmark": "speed", "environment": environment(device, args.command), "models": {}}
     out = Path(args.out)
     if args.record_schedule:
-        args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget))
+        args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget,
+                                            config=args.record_config, steps=args.record_steps))
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
+    if sched is not None:  # a schedule replays only under the scope it was recorded with (whole blocks / attention)
+        wrong = [n for n in args.configs or SPEED_CONFIGS if n not in ("bf16", *ENGINEERING_ONLY)
+                 and make_config(n).tdc and make_config(n).tdc_scope != sched.scope]
+        if wrong:
+            raise SystemExit(f"--schedule {args.schedule} was recorded with tdc_scope={sched.scope!r}; these --configs "
+                             f"have another tdc_scope: {wrong} (run them with a schedule of their scope)")
     results["schedule"] = {"path": args.schedule, "source": sched.source if sched else None,
                            "skip_fraction": sched.skip_fraction if sched else None,
                            "route_fractions": sched.route_fractions if sched else None,
@@ -191,8 +200,10 @@ def speed(args) -> dict:
     return results
 
 
-def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, tdc_budget: float | None) -> Path:
-    """Run sixbit-mini (or ``model``) once with the full method and save its skip pattern for replay.
+def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, tdc_budget: float | None, *,
+                    config: str = "full", steps: int | None = None) -> Path:
+    """Run sixbit-mini (or ``model``) once with the full method (or the row ``config``; ``steps`` denoising steps,
+    default sixbit-mini's) and save its skip pattern for replay.
 
     The torch reference backend in fp32 is used so the decisions are those of the CPU demo."""
     import sixbit
@@ -201,20 +212,21 @@ def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, 
     pipe = sixbit.load_pipeline(model, device=device, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     overrides = tdc_overrides(tdc_threshold, tdc_budget)
-    cfg = make_config("full", backend="torch", **overrides)
+    cfg = make_config(config, backend="torch", **overrides)
+    gen = {**DEFAULT_GENERATION, **({} if steps is None else {"num_inference_steps": steps})}
     handle = sixbit.apply(pipe, cfg)
     try:
-        pipe(prompt=EXAMPLE_PROMPTS[0], generator=torch.Generator("cpu").manual_seed(0), output_type="latent",
-             **DEFAULT_GENERATION)
+        pipe(prompt=EXAMPLE_PROMPTS[0], generator=torch.Generator("cpu").manual_seed(0), output_type="latent", **gen)
         sched = handle.trace.skip_schedule()
         summ = handle.trace.summary()
     finally:
         handle.remove()
-    sched.source.update(model="sixbit-mini" if model in (None, "", "mini") else str(model), preset="full",
-                        overrides=overrides, generation=DEFAULT_GENERATION, prompt=EXAMPLE_PROMPTS[0], seed=0,
+    sched.source.update(model="sixbit-mini" if model in (None, "", "mini") else str(model), preset=config,
+                        overrides=overrides, generation=gen, prompt=EXAMPLE_PROMPTS[0], seed=0,
                         avg_act_bits=summ["avg_act_bits"], device=str(device))
     out.mkdir(parents=True, exist_ok=True)
-    path = sched.save(out / "schedule_mini.json")
+    path = sched.save(out / ("schedule_mini.json" if config == "full" and steps is None
+                             else f"schedule_mini_{config}_{gen['num_inference_steps']}.json"))
     print(f"recorded skip schedule: skip {sched.skip_fraction:.1%}, {summ['avg_act_bits']:.2f} act bits → {path}",
           flush=True)
     del pipe
@@ -304,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedule", default=str(RESULTS / "schedule_mini.json"))
     p.add_argument("--record-schedule", default=None, metavar="MODEL",
                    help="first record the full method's skip schedule on MODEL (a sixbit-mini folder) and replay it")
+    p.add_argument("--record-config", default="full", choices=SPEED_CONFIGS[2:],
+                   help="the row --record-schedule records (default: full)")
+    p.add_argument("--record-steps", type=int, default=None, help="denoising steps of --record-schedule (default: 20)")
     p.add_argument("--tdc-threshold", type=float, default=None, help="override for --record-schedule")
     p.add_argument("--tdc-budget", type=float, default=None, help="override for --record-schedule")
     p.add_argument("--device", default=None)

@@ -1,6 +1,6 @@
 """Quality vs skips of every TDC variant on sixbit-mini, ``python -m benchmarks tdc_curves``.
 
-Each *variant* is a preset plus TDC fields (``tdc_mode``, ``tdc_reuse``); each is run at a sweep of its
+Each *variant* is a preset plus TDC fields (``tdc_mode``, ``tdc_reuse``, ``tdc_scope``); each is run at a sweep of its
 knob — block mode: the per-step change threshold and the budget scaled together from the defaults
 (0.165, 0.4); step mode: ``tdc_probe_threshold``. Per point, over prompts × seeds: PSNR and SSIM against
 the FP32 video of the same prompt and seed, adherence (sixbit-mini's judge), the fraction of block
@@ -45,8 +45,12 @@ VARIANTS = {
     "step_tail2": ("tdc_only", dict(tdc_mode="step", tdc_tail=2), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_scaled": ("tdc_only", dict(tdc_mode="step", tdc_reuse="scaled"), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_cap1": ("tdc_only", dict(tdc_mode="step", tdc_max_skips=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_attn": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention"), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_attn_linear": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_reuse="linear"),
+                         "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_block": ("full", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
     "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last"), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "full_step_attn": ("full", dict(tdc_mode="step", tdc_scope="attention"), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_step_linear": ("full", dict(tdc_mode="step", tdc_reuse="linear"), "tdc_probe_threshold",
                          PROBE_THRESHOLDS),
 }

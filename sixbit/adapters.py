@@ -45,6 +45,8 @@ class Adapter:
     """regexes of block-relative linear names that stay in full precision"""
     output_linears: tuple[str, ...] = ("proj_out",)
     """linears outside the blocks that always stay 16-bit: the model's output projection"""
+    self_attention: str = "attn1"
+    """the block's self-attention module, the one ``tdc_scope="attention"`` caches (its call's whole output)"""
     _arg_index: dict = field(default_factory=dict, repr=False)
 
     def matches(self, transformer: nn.Module) -> bool:

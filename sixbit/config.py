@@ -18,6 +18,8 @@ tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=b
 full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC
 fast            dmpq         yes    yes    full on Hopper's int8 tensor cores (int8_route="w8a8") with 8-bit
                                            attention after skips too (attention_after_skip="policy")
+tdc_attn        off          yes    no     attention-only reuse (tdc_scope=attention): the MLP always runs
+full_attn       dmpq         yes    yes    the full method with attention-only reuse
 w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
 w4a8            w4a8         no     no     static: NVFP4 weights × INT8 activations
 w8a8            w8a8         no     no     static baseline: INT8 weights × INT8 activations
@@ -218,6 +220,15 @@ class SixBitConfig:
         choices=("last", "linear", "scaled"),
         label="TDC reuse",
     )
+    tdc_scope: str = _f(
+        "block",
+        "What a skipped cell reuses: 'block' = the whole block returns input + its cached Δ; 'attention' (step mode) = "
+        "the block still runs, but its self-attention (attn1: projections, attention, output projection) returns "
+        "the output cached at the last computed step (or its linear forecast), while the norms, modulation and MLP "
+        "run on the fresh input — PyramidAttentionBroadcast/FasterCache's lever (docs/TDC.md §7).",
+        choices=("block", "attention"),
+        label="TDC scope",
+    )
     tdc_probe_threshold: float = _f(
         0.2,
         "Step mode: the rest of a step is skipped while the probe block's delta differs from its reference "
@@ -372,6 +383,13 @@ def _validate(cfg: SixBitConfig) -> None:
             raise ConfigError(f"SixBitConfig.{f.name} must be >= {meta['min']}, got {v!r}")
         if "max" in meta and v > meta["max"]:
             raise ConfigError(f"SixBitConfig.{f.name} must be <= {meta['max']}, got {v!r}")
+    if cfg.tdc_scope == "attention":
+        if cfg.tdc_mode != "step":
+            raise ConfigError("SixBitConfig.tdc_scope='attention' needs tdc_mode='step' (block mode decides from each "
+                              f"block's own cached delta, which attention reuse does not keep), got {cfg.tdc_mode!r}")
+        if cfg.tdc_reuse == "scaled":
+            raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales cached block deltas by the probe's magnitude "
+                              "ratio: not defined for tdc_scope='attention' (use 'last' or 'linear')")
     if cfg.tdc_reuse == "scaled" and cfg.tdc_mode != "step":
         raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales by the probe's magnitude ratio: it needs "
                           f"tdc_mode='step', got {cfg.tdc_mode!r}")
@@ -390,6 +408,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
     "fast": dict(int8_route=W8A8, attention_after_skip="policy"),
+    "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention"),
+    "full_attn": dict(tdc_scope="attention"),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),
     "w8a8": dict(quant="w8a8", **_STATIC),

@@ -38,7 +38,16 @@ from torch import nn
 from sixbit import attention, fused, pdr, warmup
 from sixbit.adapters import Adapter, get_adapter
 from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
-from sixbit.hooks import BLOCK_HOOK, DENOISER_HOOK, BlockHook, DenoiserHook, Method, Run
+from sixbit.hooks import (
+    ATTENTION_HOOK,
+    BLOCK_HOOK,
+    DENOISER_HOOK,
+    AttentionHook,
+    BlockHook,
+    DenoiserHook,
+    Method,
+    Run,
+)
 from sixbit.linear import (
     SixBitLinear,
     nvfp4_packable,
@@ -191,10 +200,18 @@ class SixBitHandle:
         # engineering: the norms emit the INT8 operand of INT8-route consumers (inside the block hook, which
         # sets the routes first; sixbit/fused.py)
         fuse = cfg.quantized and cfg.fused_producers and adapter.family == "cogvideox"
-        for hook, (_, block) in zip(self.block_hooks, blocks):
+        reuse_attention = cfg.tdc_scope == "attention" and cfg.tdc
+        for hook, (bname, block) in zip(self.block_hooks, blocks):
             if fuse and fused.applies(block):
-                self._register(block, fused.FusedProducersHook(cfg.backend), fused.FUSED_HOOK)
+                self._register(block, fused.FusedProducersHook(cfg.backend, hook if reuse_attention else None),
+                               fused.FUSED_HOOK)
             self._register(block, hook, BLOCK_HOOK)
+            if reuse_attention:  # the self-attention whose output a skipped cell reuses (TDC's attention scope)
+                attn = getattr(block, adapter.self_attention, None)
+                if not isinstance(attn, nn.Module):
+                    raise TypeError(f"SixBitConfig.tdc_scope='attention': {bname} has no self-attention module "
+                                    f"{adapter.self_attention!r}")
+                self._register(attn, AttentionHook(hook), ATTENTION_HOOK)
         # engineering, not the method: q/k LayerNorm + rotary embedding in one kernel (CogVideoX, CUDA)
         self._attn_processors = attention.install(blocks, ops(), cfg.backend) if cfg.fast_qk_norm else []
         for hook, (bname, block) in zip(self.block_hooks, blocks):  # each block's attention, routed per step
@@ -289,7 +306,7 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK):  # outer hooks first
+            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK, ATTENTION_HOOK):  # outer hooks first
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)
@@ -349,6 +366,10 @@ def apply(pipe, cfg: SixBitConfig | str | None = None, *, policy: Policy | str |
             sched = SkipSchedule.from_dict(schedule)
         else:
             sched = schedule
+        if sched.scope != cfg.tdc_scope:
+            raise ValueError(f"the skip schedule was recorded with tdc_scope={sched.scope!r} (its skipped cells reuse "
+                             f"{'attention outputs' if sched.scope == 'attention' else 'whole blocks'}); "
+                             f"SixBitConfig.tdc_scope is {cfg.tdc_scope!r}: replay it with the same scope")
         n_blocks = len(adapter.blocks(transformer))
         if sched.num_blocks != n_blocks:
             sched = sched.resample(n_blocks)

@@ -71,9 +71,12 @@ def common_form(layers, like: torch.Tensor, rows: int) -> tuple[str, int | None]
 class FusedProducersHook(ModelHook):
     """On one CogVideoX block: the norm producers emit INT8 where the consumers' routes read it."""
 
-    def __init__(self, backend: str):
+    def __init__(self, backend: str, attention=None):
         super().__init__()
         self.backend = backend
+        #: the block hook when ``tdc_scope="attention"`` (``sixbit.hooks.BlockHook.attend`` captures or reuses the
+        #: self-attention's output, also on the fused path; a reused attention needs no fused operand)
+        self.attention = attention
         #: how many producer calls were fused / ran unfused (for tests and the curious)
         self.fused = 0
         self.unfused = 0
@@ -98,12 +101,14 @@ class FusedProducersHook(ModelHook):
         attn = block.attn1
         proc = attn.processor
         fast = isinstance(proc, FusedQKNormRopeProcessor) and proc._fast(attn, hidden_states, None, image_rotary_emb)
+        fast = fast and not (self.attention is not None and self.attention.attn_action == "reuse")
         op = self._operand(block.norm1, temb, hidden_states, encoder_hidden_states,
                            common_form((attn.to_q, attn.to_k, attn.to_v), hidden_states, rows) if fast else None)
         if op is not None:
             q, gate_msa, enc_gate_msa = op
-            attn_hs, attn_enc = proc.attend_projected(attn, attn.to_q(q), attn.to_k(q), attn.to_v(q), text_len,
-                                                      image_rotary_emb)
+            project = lambda: proc.attend_projected(attn, attn.to_q(q), attn.to_k(q), attn.to_v(q), text_len,  # noqa: E731
+                                                    image_rotary_emb)
+            attn_hs, attn_enc = project() if self.attention is None else self.attention.attend(project)
         else:
             n_hs, n_enc, gate_msa, enc_gate_msa = block.norm1(hidden_states, encoder_hidden_states, temb)
             attn_hs, attn_enc = attn(hidden_states=n_hs, encoder_hidden_states=n_enc,

@@ -11,7 +11,10 @@ reset by the pipeline's ``maybe_free_model_hooks()`` at the end of every call:
 * :class:`BlockHook`, on every transformer block (``new_forward``): skip or compute (``tdc.decide``, or
   a replayed :class:`~sixbit.tdc.SkipSchedule`); for a computed block the routes (``dmpq.route``, after
   PDR's measurement where ``pdr.applies``), the block itself, its statistics (Γ, the delta change), the
-  cache refresh; and the block's row of the trace.
+  cache refresh; and the block's row of the trace;
+* :class:`AttentionHook`, on every block's self-attention when ``tdc_scope="attention"``: passes the call
+  through, or lets the block hook capture its output or return the cached one instead
+  (:meth:`BlockHook.attend`; the cache is the block's, per context, like the deltas).
 
 Both write a :class:`Run` — the trace of the current run, the call in progress, the run's counters — that
 the handle (``sixbit.engine``) reads. The rules are pure functions in the files named after them; the
@@ -48,11 +51,12 @@ if TYPE_CHECKING:
     from sixbit.policy import LinearFit
     from sixbit.trace import Trace
 
-__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "block_stats", "DENOISER_HOOK",
-           "BLOCK_HOOK"]
+__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "AttentionHook", "block_stats",
+           "DENOISER_HOOK", "BLOCK_HOOK", "ATTENTION_HOOK"]
 
 DENOISER_HOOK = "sixbit_denoiser"
 BLOCK_HOOK = "sixbit_block"
+ATTENTION_HOOK = "sixbit_attention_reuse"
 DEFAULT_CONTEXT = "default"
 
 
@@ -254,9 +258,15 @@ class BlockState(BaseState):
         self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
         self.ref_norm: float | None = None  # step mode's probe: ‖Δ₀‖₁ (video) of its reference
         self.run_skips: int = 0  # consecutive skips (step mode's probe: skipped steps) since the last compute
+        # tdc_scope="attention": the self-attention's outputs at the last computed step (and the one before it,
+        # for tdc_reuse="linear", at prev_step), whether the call returned a tuple, and the input shapes they match
+        self.attn: list[torch.Tensor] | None = None
+        self.prev_attn: list[torch.Tensor] | None = None
+        self.attn_tuple = False
+        self.attn_shapes: list[tuple] | None = None
 
     def drop_deltas(self) -> None:
-        self.delta = self.prev_delta = None
+        self.delta = self.prev_delta = self.attn = self.prev_attn = None
 
     def reused(self, step: int, linear: bool) -> list[torch.Tensor]:
         """What a skip at ``step`` adds to the block's input: the cached Δ or its forecast."""
@@ -296,6 +306,9 @@ class BlockHook(ModelHook):
         self.attention_fit: LinearFit | None = None  # the block's 8-bit attention line (set by the engine)
         self.attn_procs: list = []  # its sixbit attention processors (sixbit.attention.block_processors)
         self.state_manager = StateManager(BlockState)
+        self.attn_action: str | None = None  # tdc_scope="attention", this forward: "capture", "reuse" or None
+        self._attn_ctx: tuple | None = None
+        self._attn_linears: set[int] | None = None
 
     def new_forward(self, module, *args, **kwargs):
         call = self.run.call
@@ -303,14 +316,21 @@ class BlockHook(ModelHook):
             return self.fn_ref.original_forward(*args, **kwargs)
         st: BlockState = self.state_manager.get_state()
         streams = self.method.adapter.streams_in(module, args, kwargs)
-        cached = st.delta is not None and all(d.shape == s.shape for d, s in zip(st.delta, streams))
+        if self.attention_scope() and not self.probes():  # what a skip reuses: the attention output
+            cached = st.attn is not None and st.attn_shapes == [tuple(s.shape) for s in streams]
+        else:
+            cached = st.delta is not None and all(d.shape == s.shape for d, s in zip(st.delta, streams))
         if self._skips(call, st, cached):
+            if self.attention_scope():
+                return self._attention_reuse(call, st, streams, args, kwargs)
             return self._reuse(call, st, streams)
         routing, oratio = self._route(call, st, streams)
         for m, r in zip(self.layers, routing.routes):
             m.route = r
         attn = self._route_attention(call, st, routing)
-        output = self.fn_ref.original_forward(*args, **kwargs)
+        capture = self.attention_scope() and not self.probes() and not self.tail() and (
+            self.method.cfg.tdc or self.method.schedule is not None)
+        output = self._forward("capture" if capture else None, st, streams, args, kwargs)
         decision = self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
         self._record(call, st, routing, oratio, decision)
         self._record_attention(call, attn)
@@ -330,6 +350,80 @@ class BlockHook(ModelHook):
             self.run.schedule_overrides += 1
             return False
         return skip
+
+    def attention_scope(self) -> bool:
+        """``tdc_scope="attention"``: a skipped cell runs the block with its self-attention's cached output."""
+        return self.method.cfg.tdc_scope == "attention"
+
+    def _forward(self, action: str | None, st: BlockState, streams, args, kwargs):
+        """The block's own forward, its self-attention captured (``"capture"``) or reused (``"reuse"``) by
+        :meth:`attend` (the :class:`AttentionHook` calls it), or left alone (None)."""
+        self.attn_action = action
+        self._attn_ctx = (st, [tuple(s.shape) for s in streams])
+        try:
+            return self.fn_ref.original_forward(*args, **kwargs)
+        finally:
+            self.attn_action = self._attn_ctx = None
+
+    def attend(self, run_attention: Callable[[], Any]):
+        """The self-attention's call inside this block's forward: ``run_attention()`` itself; with "capture"
+        its output is also cached (the previous one kept for ``tdc_reuse="linear"``); with "reuse" the cached
+        output (or its forecast) is returned and the attention — projections included — does not run."""
+        action, self.attn_action = self.attn_action, None  # one self-attention call per block forward
+        if action is None:
+            return run_attention()
+        st, shapes = self._attn_ctx
+        linear = self.method.cfg.tdc_reuse == "linear"
+        if action == "reuse":
+            out = tdc.forecast(st.attn, st.prev_attn, self.run.call.step, st.last_step, st.prev_step) if linear \
+                else st.attn
+            return tuple(out) if st.attn_tuple else out[0]
+        out = run_attention()
+        if linear and st.attn is not None:
+            st.prev_attn, st.prev_step = st.attn, st.last_step
+        st.attn_tuple = isinstance(out, tuple)
+        st.attn, st.attn_shapes = (list(out) if st.attn_tuple else [out]), shapes
+        return out
+
+    def _attention_linears(self) -> set[int]:
+        """Positions (in this block's routed linears) of the layers inside its self-attention module."""
+        if self._attn_linears is None:
+            prefix = f"{self.run.trace.blocks[self.index]}.{self.method.adapter.self_attention}."
+            self._attn_linears = {k for k, j in enumerate(self.linears) if self.run.trace.linears[j].startswith(prefix)}
+        return self._attn_linears
+
+    def _attention_reuse(self, call: Call, st: BlockState, streams, args, kwargs):
+        """A skipped cell in attention scope: the block runs on its fresh input with the cached attention
+        output; its other linears route as a computed block's (DMPQ by Γ, which this cell measures afresh when
+        DMPQ routes, so the next step has a fresh Γ: no after-skip step), no PDR check (nothing is cached)."""
+        cfg, sched = self.method.cfg, self.method.schedule
+        replayed = None if sched is None else sched.block_routes(call.branch, call.step, self.index, len(self.linears))
+        routing = dmpq.route(cfg, call.step, len(self.linears), gamma=st.gamma, skipped_last=st.skipped_last,
+                             fits=self.fits, tau=self.method.tau, replayed=replayed)
+        attn_linears = self._attention_linears()
+        for k, (m, r) in enumerate(zip(self.layers, routing.routes)):
+            if k not in attn_linears:
+                m.route = r
+        output = self._forward("reuse", st, streams, args, kwargs)
+        gamma = None
+        if cfg.quant == "dmpq":  # Γ of this evaluation (its residual holds the reused attention)
+            _, sums = block_stats(self.method.adapter.streams_out(output), streams, None, False, cfg.backend)
+            vals = self.run.read(sums)
+            gamma = st.gamma = dmpq.ratio(vals[0], vals[1])
+        st.skipped_last = gamma is None
+        st.run_skips += 1
+        rec = call.rec
+        rec.blocks[self.index] = {"computed": True, "skipped": True, "pdr": False, "gamma": gamma,
+                                  "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
+                                  "mode": routing.mode,
+                                  "tdc": "attn_forecast" if cfg.tdc_reuse == "linear" else "attn_reuse"}
+        for k, j in enumerate(self.linears):
+            skipped = k in attn_linears
+            rec.routes[j] = SKIPPED if skipped else display(routing.routes[k])
+            rec.pred_err[j] = None if skipped else routing.pred_err[k]
+            rec.lin_outliers[j] = None if skipped or not self.layers else self.layers[k].last_outliers
+        rec.attention[self.index] = {"route": SKIPPED, "pred_err": None, "why": "attn_reuse", "emulated": False}
+        return output
 
     def probes(self) -> bool:
         """Step mode's probe: block 0, always computed, its delta the step's decision (not with a replay)."""
@@ -399,10 +493,11 @@ class BlockHook(ModelHook):
         trace's TDC decision of the cell: "compute", a tail block's "tail_compute", or the probe's
         "probe_skip"/"probe_compute"/"probe_capped" (under the threshold, computed by ``tdc_max_skips``)."""
         cfg = self.method.cfg
-        keep = (cfg.tdc or self.method.schedule is not None) and not self.tail()
+        probe = self.probes()
+        # attention scope: only the probe keeps its delta (the decision's reference); the others cache attention
+        keep = (cfg.tdc or self.method.schedule is not None) and not self.tail() and (probe or not self.attention_scope())
         compare = cached and keep
         linear = cfg.tdc_reuse == "linear"
-        probe = self.probes()
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
         ref = (st.reused(call.step, linear) if probe else st.delta) if compare else None
         deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
@@ -452,3 +547,15 @@ class BlockHook(ModelHook):
     def reset_state(self, module):
         self.state_manager.reset()
         return module
+
+
+class AttentionHook(ModelHook):
+    """On a block's self-attention (``tdc_scope="attention"``): its call goes through the block hook's
+    :meth:`BlockHook.attend`, which runs it, caches its output, or returns the cached output instead."""
+
+    def __init__(self, block: BlockHook):
+        super().__init__()
+        self.block = block
+
+    def new_forward(self, module, *args, **kwargs):
+        return self.block.attend(lambda: self.fn_ref.original_forward(*args, **kwargs))

@@ -50,6 +50,14 @@ Variants (options of the config, recorded in the trace's config and per cell; th
 * ``tdc_max_skips=K`` — at most K consecutive skipped steps (0: no cap): per block in block mode, per step
   (counted on the probe) in step mode, where a step the cap forces to compute is traced ``"probe_capped"``.
 
+* ``tdc_scope="attention"`` (step mode) — what a skipped cell reuses: not the block (``in + Δ``) but its
+  self-attention's output (PyramidAttentionBroadcast / FasterCache's lever): the block runs on its fresh input,
+  its attention call (projections, attention, output projection) returns the output cached at the last computed
+  step (``"last"``) or its first-order forecast (``"linear"``, by :func:`forecast`), and the norms, modulation and
+  MLP are recomputed. The probe decides as above (it keeps its delta as the reference; the other blocks keep
+  their attention output instead of a delta). The trace marks such a cell ``"attn_reuse"``/``"attn_forecast"``
+  (computed *and* skipped: its attention call did not run, which is what ``skip_fraction`` counts).
+
 All statistics are additive sums (``delta_change_sums``), read through ``Run.read``.
 
 A :class:`SkipSchedule` records the computed/skipped pattern (block × step, per branch) of a run and can
@@ -64,7 +72,10 @@ meaningless on random weights. With routes, a DMPQ run replays them too (block m
 outlier count is still computed where the live rule would compute it, so the replay costs what a live
 run costs, but the recorded route wins. Format version 3 adds each computed cell's *attention* route (one
 letter per block and step: ``8`` 8-bit, ``b`` bf16, ``-`` skipped), replayed the same way
-(``sixbit.dmpq.attention_route``). Version-1 (skips only) and version-2 files still load.
+(``sixbit.dmpq.attention_route``). Version-1 (skips only) and version-2 files still load. A schedule recorded
+with ``tdc_scope="attention"`` says so (``"scope": "attention"``): its skipped cells are attention reuses, which
+also record the routes of the linears that ran (:data:`NO_ROUTE` for the attention's own); it replays only
+under the same scope.
 """
 
 from __future__ import annotations
@@ -77,9 +88,9 @@ from typing import Any
 import torch
 
 from sixbit.dmpq import l1, ratio
-from sixbit.routes import FROM_LETTER, LETTERS
+from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "delta_change_sums", "change_rate", "capped", "decide", "accumulate", "step_skips",
+__all__ = ["MODES", "REUSE", "SCOPES", "delta_change_sums", "change_rate", "capped", "decide", "accumulate", "step_skips",
            "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
@@ -167,6 +178,10 @@ def _dense_attention(attention: dict[str, list[str]], nb: int) -> dict[str, list
 #: attention routes in a schedule (version 3): one letter per block of a step, "-" for a skipped cell
 ATTENTION_LETTERS = {"fp8": "8", "bf16": "b"}
 NO_ATTENTION = "-"
+#: a routed linear that did not run in a recorded cell that ran (the attention's linears of an attention reuse)
+NO_ROUTE = "-"
+#: what a schedule's skipped cells reused (``SixBitConfig.tdc_scope``)
+SCOPES = ("block", "attention")
 _FROM_ATTENTION = {v: k for k, v in ATTENTION_LETTERS.items()}
 
 
@@ -188,6 +203,7 @@ class SkipSchedule:
     source: dict[str, Any] = field(default_factory=dict)
     routes: dict[str, list[list[str]]] | None = None
     attention: dict[str, list[str]] | None = None
+    scope: str = "block"
 
     def computed(self, branch: str, step: int, block: int) -> bool:
         pattern = self.branches.get(branch) or next(iter(self.branches.values()))
@@ -204,7 +220,7 @@ class SkipSchedule:
         if step >= len(pattern) or not pattern[step][block]:
             return None
         codes = pattern[step][block]
-        return [FROM_LETTER[codes[_near(k, n_linears, len(codes))]] for k in range(n_linears)]
+        return [FROM_LETTER.get(codes[_near(k, n_linears, len(codes))], SKIPPED) for k in range(n_linears)]
 
     def attention_route(self, branch: str, step: int, block: int) -> str | None:
         """The recorded attention route of a computed cell (``"fp8"``/``"bf16"``), or None."""
@@ -238,7 +254,7 @@ class SkipSchedule:
         attention = None if self.attention is None else {name: ["".join(r) for r in grid(p, str)]
                                                          for name, p in self.attention.items()}
         src = {**self.source, "resampled_from": [self.num_blocks, self.num_steps]}
-        return SkipSchedule(num_blocks, num_steps, branches, src, routes, attention)
+        return SkipSchedule(num_blocks, num_steps, branches, src, routes, attention, self.scope)
 
     def dense(self) -> SkipSchedule:
         """Every cell computed, each with recorded routes: a skipped cell takes the routes of the nearest
@@ -253,17 +269,19 @@ class SkipSchedule:
                 row = []
                 for b in range(self.num_blocks):
                     row.append(next((rows[u][b] for d in range(len(rows)) for u in (t - d, t + d)
-                                     if 0 <= u < len(rows) and rows[u][b]), ""))
+                                     if 0 <= u < len(rows) and rows[u][b] and NO_ROUTE not in rows[u][b]), ""))
                 dense_rows.append(row)
             routes[name] = dense_rows
         branches = {name: [[True] * self.num_blocks for _ in rows] for name, rows in self.branches.items()}
         return SkipSchedule(self.num_blocks, self.num_steps, branches, {**self.source, "dense": True}, routes,
-                            None if self.attention is None else _dense_attention(self.attention, self.num_blocks))
+                            None if self.attention is None else _dense_attention(self.attention, self.num_blocks),
+                            self.scope)
 
     @property
     def route_fractions(self) -> dict[str, float]:
-        """Share of recorded linear evaluations per route (empty without routes)."""
-        letters = "".join(c for p in (self.routes or {}).values() for row in p for c in row)
+        """Share of recorded linear evaluations per route (empty without routes; linears that did not run, the
+        attention's in an attention reuse, are not evaluations)."""
+        letters = "".join(c for p in (self.routes or {}).values() for row in p for c in row).replace(NO_ROUTE, "")
         return {r: letters.count(c) / len(letters) for r, c in LETTERS.items()} if letters else {}
 
     def to_dict(self) -> dict[str, Any]:
@@ -279,6 +297,8 @@ class SkipSchedule:
         if self.attention is not None:
             d["attention"] = self.attention
             d["attention_fp8_fraction"] = self.attention_fp8_fraction
+        if self.scope != "block":
+            d["scope"] = self.scope
         return d
 
     @classmethod
@@ -293,6 +313,10 @@ class SkipSchedule:
             branches[k] = [[bool(c) for c in r] for r in rows]
         if not branches:
             raise ValueError("skip schedule has no branches")
+        scope = d.get("scope", "block")
+        if scope not in SCOPES:
+            raise ValueError(f"skip schedule scope {scope!r}: expected one of {SCOPES}")
+        letters = set(FROM_LETTER) | ({NO_ROUTE} if scope == "attention" else set())
         routes = d.get("routes")
         if routes is not None:
             for k, rows in routes.items():
@@ -300,10 +324,10 @@ class SkipSchedule:
                     raise ValueError(f"skip schedule routes {k!r}: expected a branch's {ns} steps × {nb} blocks")
                 for t, row in enumerate(rows):
                     for b, codes in enumerate(row):
-                        if not isinstance(codes, str) or set(codes) - set(FROM_LETTER):
+                        if not isinstance(codes, str) or set(codes) - letters:
                             raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: {codes!r} is not "
-                                             f"a string of route letters {sorted(FROM_LETTER)}")
-                        if codes and not branches[k][t][b]:
+                                             f"a string of route letters {sorted(letters)}")
+                        if codes and not branches[k][t][b] and scope == "block":
                             raise ValueError(f"skip schedule routes {k!r} step {t} block {b}: routes recorded "
                                              "for a skipped cell")
         attention = d.get("attention")
@@ -313,7 +337,7 @@ class SkipSchedule:
                         not isinstance(r, str) or len(r) != nb or set(r) - {*_FROM_ATTENTION, NO_ATTENTION} for r in rows):
                     raise ValueError(f"skip schedule attention {k!r}: expected a branch's {ns} strings of {nb} letters "
                                      f"{sorted({*_FROM_ATTENTION, NO_ATTENTION})}")
-        return cls(nb, ns, branches, d.get("source", {}), routes, attention)
+        return cls(nb, ns, branches, d.get("source", {}), routes, attention, scope)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -31,6 +31,11 @@ Conventions:
   a computed step); ``outlier_ratio`` the block-input outlier ratio when PDR checked it, else null.
   ``mode`` says why the block ran as it did: ``warmup``, ``dmpq``, ``after_skip`` (INT8, no fresh Γ),
   ``pdr``, ``static``, ``fp`` (quantization off), ``skip``, ``replay`` (routes from a recorded schedule).
+  ``tdc`` says what TDC did (``compute``, ``reuse``, ``forecast``, the probe's ``probe_*``, ``tail_compute``); with
+  ``tdc_scope="attention"`` a skipped cell is ``attn_reuse`` / ``attn_forecast``: ``computed`` *and* ``skipped``
+  are true (the block ran on its fresh input, its self-attention call did not — it returned the cached output);
+  its attention's linears show ``skipped``, the others their routes, ``attention.why`` is ``attn_reuse``.
+  ``skip_fraction`` counts it as skipped: the fraction of self-attention calls not run (the peer arena's count).
 * A step's ``blocks``/``routes``/``pred_err`` are those of its first CFG branch (``branch``); with
   separate CFG calls (Wan) the other branch is under ``other_branches``. The ``summary`` counts every
   branch: ``route_counts`` add up to steps × linears × branches, ``skip_fraction`` is over all block
@@ -51,7 +56,7 @@ from typing import Any
 
 from sixbit.routes import BITS as ROUTE_BITS
 from sixbit.routes import LETTERS, SKIPPED, TRACE_ROUTES
-from sixbit.tdc import ATTENTION_LETTERS, NO_ATTENTION, SkipSchedule
+from sixbit.tdc import ATTENTION_LETTERS, NO_ATTENTION, NO_ROUTE, SkipSchedule
 
 __all__ = ["Trace", "TRACE_VERSION", "ROUTE_BITS", "json_safe", "RUN_VERSION", "run_record",
            "policy_fingerprint", "package_versions"]
@@ -224,14 +229,15 @@ class Trace:
                 br = st.branches.get(n)
                 blocks = br.blocks if br is not None else [None] * len(self.blocks)
                 rows.append([not (b is not None and b["skipped"]) for b in blocks])
-                rrows.append(["".join(LETTERS[br.routes[j]] for j in self.block_linears[b])
+                rrows.append(["".join(LETTERS.get(br.routes[j], NO_ROUTE) for j in self.block_linears[b])
                               if blk is not None and blk["computed"] else "" for b, blk in enumerate(blocks)])
                 att = br.attention if br is not None else [None] * len(self.blocks)
                 arows.append("".join(ATTENTION_LETTERS.get((a or {}).get("route") if blk is not None and blk["computed"]
                                                            else None, NO_ATTENTION) for a, blk in zip(att, blocks)))
             branches[n], routes[n], attention[n] = rows, rrows, arows
         return SkipSchedule(len(self.blocks), len(self.steps), branches,
-                            {"model": self.model, "config": self.config, "device": self.device}, routes, attention)
+                            {"model": self.model, "config": self.config, "device": self.device}, routes, attention,
+                            self.config.get("tdc_scope", "block"))
 
 
 # ------------------------------------------------------------------------------------ run metadata
