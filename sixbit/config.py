@@ -203,8 +203,10 @@ class SixBitConfig:
         "last",
         "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
         "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'scaled' "
-        "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style).",
-        choices=("last", "linear", "scaled"),
+        "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style); 'auto' (step "
+        "mode) = 'linear' at tdc_forecast_steps steps or more, with tdc_forecast_threshold, else 'last' (block "
+        "mode: 'last').",
+        choices=("last", "linear", "scaled", "auto"),
         label="TDC reuse",
     )
     tdc_probe_threshold: float = _f(
@@ -213,6 +215,30 @@ class SixBitConfig:
         "(relative L1) by at most this.",
         min=0.0,
         label="TDC probe threshold",
+    )
+    tdc_threshold_rule: str = _f(
+        "fixed",
+        "Step mode: how the probe threshold follows the step count N. 'fixed' = the threshold at every N; 'steps' "
+        "= threshold × tdc_threshold_steps / N (one step's drift shrinks ~1/N); 'profile' = that, ÷ the policy's "
+        "calibrated per-step weight (the rest of the network's drift per unit of probe drift, `python -m "
+        "sixbit.calibrate`), 'steps' when the policy has none (docs/TDC.md §7).",
+        choices=("fixed", "steps", "profile"),
+        label="TDC threshold rule",
+    )
+    tdc_threshold_steps: int = _f(
+        20, "Step mode, rules 'steps'/'profile': the step count the probe thresholds are given for.", min=1,
+        max=1000, label="TDC thresholds given for N steps",
+    )
+    tdc_forecast_steps: int = _f(
+        40, "tdc_reuse='auto': forecast ('linear') at this many steps or more, reuse the last delta below.", min=1,
+        max=1000, label="TDC forecast from N steps",
+    )
+    tdc_forecast_threshold: float = _f(
+        0.05,
+        "tdc_reuse='auto' where it forecasts: the probe threshold instead of tdc_probe_threshold (the probe is then "
+        "compared with its forecast, which is closer than the last reference); scaled by the threshold rule.",
+        min=0.0,
+        label="TDC forecast probe threshold",
     )
     tdc_tail: int = _f(
         0,

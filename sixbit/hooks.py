@@ -67,6 +67,7 @@ class Call:
     t0: float
     skip_rest: bool = False  # step mode: the probe block decided that the rest of this call skips
     scale: float = 1.0  # step mode, tdc_reuse="scaled": the probe's magnitude ratio the skipped deltas take
+    threshold: float | None = None  # step mode: the probe threshold of this step (tdc.probe_threshold)
 
 
 class Run:
@@ -115,6 +116,7 @@ class Method:
     tau: float
     rho: float
     tau_attn: float | None = None  # the 8-bit attention's threshold (None: no attention fits)
+    probe_profile: Any = None  # step mode, tdc_threshold_rule="profile": the policy's ProbeProfile (None: "steps")
 
 
 # ---------------------------------------------------------------------------------------- denoiser
@@ -341,7 +343,7 @@ class BlockHook(ModelHook):
         return cfg.tdc and self.method.schedule is None and self.index >= len(self.run.trace.blocks) - cfg.tdc_tail
 
     def _reuse(self, call: Call, st: BlockState, streams):
-        reuse = self.method.cfg.tdc_reuse
+        reuse = tdc.resolve_reuse(self.method.cfg, call.num_steps)
         linear = reuse == "linear"
         if reuse == "scaled":
             out = [s + call.scale * d for s, d in zip(streams, st.delta)]
@@ -401,7 +403,7 @@ class BlockHook(ModelHook):
         cfg = self.method.cfg
         keep = (cfg.tdc or self.method.schedule is not None) and not self.tail()
         compare = cached and keep
-        linear = cfg.tdc_reuse == "linear"
+        linear = tdc.resolve_reuse(cfg, call.num_steps) == "linear"
         probe = self.probes()
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
         ref = (st.reused(call.step, linear) if probe else st.delta) if compare else None
@@ -416,7 +418,8 @@ class BlockHook(ModelHook):
         capped = False
         if probe:
             st.delta_sim = dmpq.ratio(vals[2], vals[3]) if compare else None
-            skips = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg)
+            call.threshold = tdc.probe_threshold(call.step, call.num_steps, cfg, self.method.probe_profile)
+            skips = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg, call.threshold)
             capped = skips and tdc.capped(st.run_skips, cfg)
             call.skip_rest = skips and not capped
             if call.skip_rest:  # the reference stays the last computed step's
@@ -443,6 +446,8 @@ class BlockHook(ModelHook):
         rec.blocks[self.index] = {"computed": True, "skipped": False, "pdr": routing.pdr, "gamma": st.gamma,
                                   "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": oratio,
                                   "mode": routing.mode, "tdc": decision}
+        if decision.startswith("probe_"):  # the threshold the step decided with (tdc.probe_threshold)
+            rec.blocks[self.index]["threshold"] = call.threshold
         for k, j in enumerate(self.linears):
             rec.routes[j] = display(routing.routes[k])
             rec.pred_err[j] = routing.pred_err[k]
