@@ -168,3 +168,19 @@ def test_probe_profile_is_the_full_compute_drift_and_the_cli_writes_it(tmp_path,
     d = only.to_dict()
     del d["tdc"]
     assert Policy.from_dict(d).probe_profile is None and "no TDC probe profile" in Policy.from_dict(d).describe()
+
+
+@pytest.mark.parametrize("fields", [dict(tdc_reuse="auto", tdc_forecast_steps=1, tdc_threshold_rule="steps"),
+                                    dict(tdc_reuse="last", tdc_threshold_rule="profile")])
+def test_the_rules_add_no_statistics_read(fields):
+    """The per-step threshold is host arithmetic: still one (all-reducible) statistics read per computed block."""
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9,
+                                               **fields), policy=Policy(linears={"x": sixbit.policy.LinearFit(1, 0)},
+                                                                        tau=0.1, probe_profile=PROFILE))
+    reads = []
+    h.reduce_stats = lambda t: reads.append(t.numel()) or t
+    generate(pipe, num_inference_steps=5)
+    d = h.trace.to_dict()
+    computed = sum(b["computed"] for s in d["steps"] for b in s["blocks"])
+    assert d["summary"]["skip_fraction"] > 0 and len(reads) == computed
