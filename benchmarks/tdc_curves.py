@@ -53,6 +53,8 @@ VARIANTS = {
                    "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_profile": ("tdc_only", dict(tdc_mode="step", tdc_reuse="last", tdc_threshold_rule="profile"),
                      "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_linear_steps": ("tdc_only", dict(tdc_mode="step", tdc_reuse="linear", tdc_threshold_rule="steps"),
+                          "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_auto": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="steps"),
                   "tdc_forecast_threshold", (0.05, 0.075)),
     "step_auto_profile": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="profile"),

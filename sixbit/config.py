@@ -200,7 +200,7 @@ class SixBitConfig:
         label="TDC decision",
     )
     tdc_reuse: str = _f(
-        "last",
+        "auto",
         "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
         "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'scaled' "
         "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style); 'auto' (step "
@@ -217,7 +217,7 @@ class SixBitConfig:
         label="TDC probe threshold",
     )
     tdc_threshold_rule: str = _f(
-        "fixed",
+        "steps",
         "Step mode: how the probe threshold follows the step count N. 'fixed' = the threshold at every N; 'steps' "
         "= threshold × tdc_threshold_steps / N (one step's drift shrinks ~1/N); 'profile' = that, ÷ the policy's "
         "calibrated per-step weight (the rest of the network's drift per unit of probe drift, `python -m "
@@ -398,7 +398,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fp16": dict(quant="off", tdc=False, pdr=False, attention="bf16"),
     "balanced": dict(),
     "full": dict(),
-    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3, tdc_first=1),
+    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3,
+                       tdc_forecast_threshold=0.075, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False, attention="bf16"),
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),

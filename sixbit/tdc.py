@@ -168,16 +168,17 @@ def probe_threshold(step: int, num_steps: int | None, cfg, profile=None) -> floa
     return theta
 
 
-def step_skips(probe_change: float | None, step: int, num_steps: int | None, cfg, threshold: float) -> bool:
+def step_skips(probe_change: float | None, step: int, num_steps: int | None, cfg,
+               threshold: float | None = None) -> bool:
     """Step mode: True when the blocks after the probe skip jointly at ``step`` — inside the window and the
-    probe's drift since the last computed step (None without a reference) at most ``threshold`` (the step's,
-    :func:`probe_threshold`). (The cap on consecutive skipped steps, :func:`capped`, is the hook's: it records
-    why.)"""
+    probe's drift since the last computed step (None without a reference) at most ``threshold`` (default: the
+    step's :func:`probe_threshold` without a profile). (The cap on consecutive skipped steps, :func:`capped`,
+    is the hook's: it records why.)"""
     if not cfg.tdc or step < cfg.tdc_first or probe_change is None:
         return False
     if num_steps is not None and step >= num_steps - cfg.tdc_last:
         return False
-    return probe_change <= threshold
+    return probe_change <= (probe_threshold(step, num_steps, cfg) if threshold is None else threshold)
 
 
 def fixed(index: int, num_blocks: int, cfg) -> bool:

@@ -20,7 +20,11 @@ from sixbit.testing import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-STEP = dict(tdc_mode="step", tdc_first=1, tdc_last=0)
+STEP = dict(tdc_mode="step", tdc_first=1, tdc_last=0, tdc_threshold_rule="fixed", tdc_reuse="last")
+
+
+def _cfg(**kw) -> SixBitConfig:
+    return SixBitConfig.preset("tdc_only", **{**STEP, **kw})
 PROFILE = ProbeProfile(steps=3, probe_drift=[0.4, 0.1], rest_drift=[0.2, 0.2], n=2)  # rest/probe 0.5, 2
 
 
@@ -30,7 +34,7 @@ def _decisions(d):
 
 def _drifts(pipe, steps, **cfg):
     """The probe's one-step drifts of a full-compute run (threshold 0: no step skips, the reference moves)."""
-    h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_probe_threshold=0.0, **cfg))
+    h = sixbit.apply(pipe, _cfg(tdc_probe_threshold=0.0, **cfg))
     generate(pipe, num_inference_steps=steps)
     d = h.trace.to_dict()
     h.remove()
@@ -38,7 +42,7 @@ def _drifts(pipe, steps, **cfg):
 
 
 def test_probe_threshold_rules_and_auto_reuse():
-    c = SixBitConfig.preset("tdc_only", **STEP, tdc_probe_threshold=0.2, tdc_forecast_threshold=0.05)
+    c = _cfg(tdc_probe_threshold=0.2, tdc_forecast_threshold=0.05)
     assert tdc.probe_threshold(5, 50, c.replace(tdc_threshold_rule="fixed")) == 0.2
     assert tdc.probe_threshold(5, 50, c.replace(tdc_threshold_rule="steps")) == pytest.approx(0.08)
     assert tdc.probe_threshold(5, None, c.replace(tdc_threshold_rule="steps")) == 0.2  # unknown N: as given
@@ -75,13 +79,12 @@ def test_profile_weight_interpolates_in_normalised_time_and_round_trips():
 def test_steps_rule_equals_the_fixed_rule_at_the_scaled_threshold():
     pipe = tiny_cogvideox_pipeline(seed=0)
     x = sorted(_drifts(pipe, 8))[3]  # a threshold that lets some steps skip
-    fixed = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_probe_threshold=x))
+    fixed = sixbit.apply(pipe, _cfg(tdc_probe_threshold=x))
     want = generate(pipe, num_inference_steps=8)
     dw = fixed.trace.to_dict()
     fixed.remove()
     assert 0 < dw["summary"]["skip_fraction"] < 1 and dw["config"]["tdc_threshold_resolved"].startswith("fixed")
-    steps = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_threshold_rule="steps",
-                                                   tdc_probe_threshold=x * 8 / 20))
+    steps = sixbit.apply(pipe, _cfg(tdc_threshold_rule="steps", tdc_probe_threshold=x * 8 / 20))
     assert torch.equal(generate(pipe, num_inference_steps=8), want)
     d = steps.trace.to_dict()
     assert _decisions(d) == _decisions(dw)
@@ -97,12 +100,12 @@ def test_auto_reuse_forecasts_on_dense_schedules_only(pipeline, branches):
     for forecast_steps, reuse, knob in ((n, "linear", "tdc_forecast_threshold"), (n + 1, "last", "tdc_probe_threshold")):
         pipe = pipeline(seed=1)
         x = sorted(_drifts(pipe, n, tdc_reuse=reuse))[2]
-        explicit = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_reuse=reuse, tdc_probe_threshold=x))
+        explicit = sixbit.apply(pipe, _cfg(tdc_reuse=reuse, tdc_probe_threshold=x))
         want = generate(pipe, num_inference_steps=n)
         dw = explicit.trace.to_dict()
         explicit.remove()
-        cfg = SixBitConfig.preset("tdc_only", **STEP, tdc_reuse="auto", tdc_threshold_rule="steps",
-                                  tdc_forecast_steps=forecast_steps, tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9)
+        cfg = _cfg(tdc_reuse="auto", tdc_threshold_rule="steps", tdc_forecast_steps=forecast_steps,
+                   tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9)
         auto = sixbit.apply(pipe, cfg.replace(**{knob: x * n / 20}))
         assert torch.equal(generate(pipe, num_inference_steps=n), want)
         d = auto.trace.to_dict()
@@ -116,7 +119,7 @@ def test_auto_reuse_forecasts_on_dense_schedules_only(pipeline, branches):
 
 def test_profile_rule_divides_by_the_calibrated_weight_and_falls_back_without_a_profile():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("tdc_only", **STEP, tdc_threshold_rule="profile", tdc_probe_threshold=0.3)
+    cfg = _cfg(tdc_threshold_rule="profile", tdc_probe_threshold=0.3)
     h = sixbit.apply(pipe, cfg.replace(policy=None))
     generate(pipe, num_inference_steps=5)
     d = h.trace.to_dict()
@@ -139,7 +142,7 @@ def test_probe_profile_is_the_full_compute_drift_and_the_cli_writes_it(tmp_path,
     assert p.steps == 5 and p.n == 2 and len(p.probe_drift) == len(p.rest_drift) == 4
     assert all(x > 0 for x in p.probe_drift + p.rest_drift)
     # the probe's drift is what step mode reads on a run that computes every step (same prompt and seed)
-    h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_probe_threshold=0.0))
+    h = sixbit.apply(pipe, _cfg(tdc_probe_threshold=0.0))
     pipe("red circle", negative_prompt="", num_inference_steps=5, generator=torch.Generator().manual_seed(0),
          output_type="latent", **call)
     one = [s["blocks"][0]["delta_sim"] for s in h.trace.to_dict()["steps"][1:]]
@@ -175,12 +178,24 @@ def test_probe_profile_is_the_full_compute_drift_and_the_cli_writes_it(tmp_path,
 def test_the_rules_add_no_statistics_read(fields):
     """The per-step threshold is host arithmetic: still one (all-reducible) statistics read per computed block."""
     pipe = tiny_cogvideox_pipeline(seed=0)
-    h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **STEP, tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9,
-                                               **fields), policy=Policy(linears={"x": sixbit.policy.LinearFit(1, 0)},
-                                                                        tau=0.1, probe_profile=PROFILE))
+    h = sixbit.apply(pipe, _cfg(tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9, **fields),
+                     policy=Policy(linears={"x": sixbit.policy.LinearFit(1, 0)}, tau=0.1, probe_profile=PROFILE))
     reads = []
     h.reduce_stats = lambda t: reads.append(t.numel()) or t
     generate(pipe, num_inference_steps=5)
     d = h.trace.to_dict()
     computed = sum(b["computed"] for s in d["steps"] for b in s["blocks"])
     assert d["summary"]["skip_fraction"] > 0 and len(reads) == computed
+
+
+def test_the_default_follows_the_step_count():
+    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; forecasting with 0.05·20/N from 40 steps."""
+    c = SixBitConfig()
+    assert (c.tdc_threshold_rule, c.tdc_reuse, c.tdc_threshold_steps, c.tdc_forecast_steps) == ("steps", "auto", 20, 40)
+    assert tdc.probe_threshold(5, 20, c) == pytest.approx(0.2) and tdc.resolve_reuse(c, 20) == "last"
+    assert tdc.probe_threshold(5, 30, c) == pytest.approx(0.2 * 20 / 30) and tdc.resolve_reuse(c, 30) == "last"
+    assert tdc.probe_threshold(5, 50, c) == pytest.approx(0.02) and tdc.resolve_reuse(c, 50) == "linear"
+    agg = SixBitConfig.preset("aggressive")
+    assert tdc.probe_threshold(5, 20, agg) == pytest.approx(0.3) and tdc.probe_threshold(5, 50, agg) == pytest.approx(0.03)
+    for name in ("tdc_paper", "full_paper"):  # the paper's rule: block mode, plain reuse
+        assert tdc.resolve_reuse(SixBitConfig.preset(name), 50) == "last"
