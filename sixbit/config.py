@@ -28,7 +28,10 @@ static baselines, ``off``/``fp16``, ``tdc_only`` and ``tdc_paper`` keep bf16 att
 Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benchmark's videos, docs/ENGINE.md
 "Defaults"; TDC's mode and probe threshold from ``benchmarks/results/tdc_curves_mini_20*``, docs/TDC.md):
 ``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
-(0.3). They are starting points for other models and step counts, not calibrated values.
+(0.3). Step mode's thresholds are given for 20 steps and follow the step count N (``tdc_threshold_rule="steps"``:
+× 20/N; ``tdc_reuse="auto"``: from 40 steps on the first-order forecast with 0.05 × 20/N, ``aggressive`` 0.075;
+docs/TDC.md §7: at 50 steps ~50 % skipped at 52.5 dB). They are starting points for other models, not calibrated
+values (``tdc_threshold_rule="profile"`` reads per-step weights calibrated into the policy).
 
 What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
 NVFP4 layers can be a speed win (that path is unverified). Below capability 10 (Hopper, Ada, Ampere) and on

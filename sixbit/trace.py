@@ -31,6 +31,8 @@ Conventions:
   a computed step); ``outlier_ratio`` the block-input outlier ratio when PDR checked it, else null.
   ``mode`` says why the block ran as it did: ``warmup``, ``dmpq``, ``after_skip`` (INT8, no fresh Γ),
   ``pdr``, ``static``, ``fp`` (quantization off), ``skip``, ``replay`` (routes from a recorded schedule).
+  ``tdc`` is TDC's decision of the cell (``sixbit.hooks.BlockHook._refresh``); step mode's probe row also has
+  ``threshold``, the probe threshold of that step (``sixbit.tdc.probe_threshold``).
 * A step's ``blocks``/``routes``/``pred_err`` are those of its first CFG branch (``branch``); with
   separate CFG calls (Wan) the other branch is under ``other_branches``. The ``summary`` counts every
   branch: ``route_counts`` add up to steps × linears × branches, ``skip_fraction`` is over all block
