@@ -35,23 +35,39 @@ from benchmarks.common import (
 #: variant -> (preset, TDC fields, knob, knob values)
 BLOCK_SCALES = (0.5, 1.0, 1.5, 2.5)
 PROBE_THRESHOLDS = (0.1, 0.2, 0.3, 0.4)
+#: the step variants measured before the step-count rules pin tdc_threshold_rule="fixed": their knob is the
+#: threshold at every step count (docs/TDC.md §3-§5); §8's rules follow the step count (S = 20 steps)
+FIXED = dict(tdc_threshold_rule="fixed")
 VARIANTS = {
     "block": ("tdc_only", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
     "block_linear": ("tdc_only", dict(tdc_mode="block", tdc_reuse="linear"), "scale", BLOCK_SCALES),
-    "step": ("tdc_only", dict(tdc_mode="step", tdc_reuse="last"), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_linear": ("tdc_only", dict(tdc_mode="step", tdc_reuse="linear"), "tdc_probe_threshold",
+    "step": ("tdc_only", dict(tdc_mode="step", tdc_reuse="last", **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_linear": ("tdc_only", dict(tdc_mode="step", tdc_reuse="linear", **FIXED), "tdc_probe_threshold",
                     PROBE_THRESHOLDS),
-    "step_tail1": ("tdc_only", dict(tdc_mode="step", tdc_tail=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_tail2": ("tdc_only", dict(tdc_mode="step", tdc_tail=2), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_scaled": ("tdc_only", dict(tdc_mode="step", tdc_reuse="scaled"), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_cap1": ("tdc_only", dict(tdc_mode="step", tdc_max_skips=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_attn": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention"), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_attn_linear": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_reuse="linear"),
+    "step_tail1": ("tdc_only", dict(tdc_mode="step", tdc_tail=1, **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_tail2": ("tdc_only", dict(tdc_mode="step", tdc_tail=2, **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_scaled": ("tdc_only", dict(tdc_mode="step", tdc_reuse="scaled", **FIXED), "tdc_probe_threshold",
+                    PROBE_THRESHOLDS),
+    "step_cap1": ("tdc_only", dict(tdc_mode="step", tdc_max_skips=1, **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_steps": ("tdc_only", dict(tdc_mode="step", tdc_reuse="last", tdc_threshold_rule="steps"),
+                   "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_profile": ("tdc_only", dict(tdc_mode="step", tdc_reuse="last", tdc_threshold_rule="profile"),
+                     "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_linear_steps": ("tdc_only", dict(tdc_mode="step", tdc_reuse="linear", tdc_threshold_rule="steps"),
+                          "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_auto": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="steps"),
+                  "tdc_forecast_threshold", (0.05, 0.075)),
+    "step_auto_profile": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="profile"),
+                          "tdc_forecast_threshold", (0.05, 0.075)),
+    "step_attn": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", **FIXED), "tdc_probe_threshold",
+                  PROBE_THRESHOLDS),
+    "step_attn_linear": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_reuse="linear", **FIXED),
                          "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_block": ("full", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
-    "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last"), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "full_step_attn": ("full", dict(tdc_mode="step", tdc_scope="attention"), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "full_step_linear": ("full", dict(tdc_mode="step", tdc_reuse="linear"), "tdc_probe_threshold",
+    "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last", **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "full_step_attn": ("full", dict(tdc_mode="step", tdc_scope="attention", **FIXED), "tdc_probe_threshold",
+                       PROBE_THRESHOLDS),
+    "full_step_linear": ("full", dict(tdc_mode="step", tdc_reuse="linear", **FIXED), "tdc_probe_threshold",
                          PROBE_THRESHOLDS),
 }
 BLOCK_DEFAULTS = (0.165, 0.4)

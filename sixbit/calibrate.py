@@ -29,6 +29,11 @@ fitted predictions (a fraction f of the calibration samples at or under it), sto
 ``--attention-target`` and as a τ-for-fraction table (0 … 1). CogVideoX only (other models: no attention
 fits, their attention stays bf16).
 
+Step-mode TDC's per-step thresholds: after the DMPQ runs, the same prompts run once more at full compute
+and the policy stores the probe profile (``sixbit.tdc_calibrate``: per step, the one-step drift of block 0's
+delta and of the combined residual of the blocks after it), which ``tdc_threshold_rule="profile"`` reads.
+``--tdc-only`` measures only that profile and writes it into an existing policy.
+
 τ: with E_hat the fitted predictions over the calibration samples, a fraction f of INT8 decisions gives
 4.5·(1−f) + 8·f average activation bits; τ(bits) is the (1−f)-quantile of E_hat. The policy stores τ for
 ``--target-bits`` and a τ-for-bits table (4.5 … 8.0) so the config can move the target without
@@ -57,6 +62,7 @@ from sixbit.formats import relative_error
 from sixbit.linear import ops
 from sixbit.policy import LinearFit, Policy, bits_to_int8_fraction
 from sixbit.routes import BITS, INT8, NVFP4
+from sixbit.tdc_calibrate import probe_profile, profile_markdown
 
 __all__ = ["calibrate", "fit_line", "read_prompts", "main", "report_markdown", "transformer_fingerprint"]
 
@@ -250,6 +256,7 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
             h.remove()
         handle.remove()
 
+    profile = probe_profile(pipe, prompts, steps=steps, seed=seed, negative_prompt=negative_prompt, call=call, log=log)
     fits, layers = {}, []
     tot_res = tot_tot = 0.0
     all_x, all_y, preds = [], [], []
@@ -289,11 +296,11 @@ def calibrate(pipe, prompts: list[str], *, steps: int = 20, seed: int = 0, targe
                     pdr_k_sigma=pdr_cfg.pdr_k_sigma if rho is not None else None,
                     pdr_quantile=pdr_rule.POLICY_RHO_QUANTILE if rho is not None else None, pdr_n=len(ratios),
                     attention=att_fits, attention_tau=att_tau, attention_target=attention_target if att_fits else None,
-                    attention_tau_table=att_table)
+                    attention_tau_table=att_table, probe_profile=profile)
     report = {"model": policy.model, "layers": layers, "r2_overall": r2_pooled, "r2_global_line": r2_global, "tau": tau,
               "target_bits": target_bits, "tau_table": tau_table, "pdr_rho": rho, "pdr_n": len(ratios),
               "pdr_k_sigma": pdr_cfg.pdr_k_sigma, "attention": att_rows, "attention_tau": att_tau,
-              "attention_target": attention_target, **meta}
+              "attention_target": attention_target, "probe_profile": profile, **meta}
     return policy, report
 
 
@@ -340,7 +347,8 @@ def report_markdown(report: dict[str, Any], command: str | None = None) -> str:
         for a in report["attention"]:
             lines.append(f"| {a['name']} | {f(a['alpha'])} | {f(a['beta'])} | {f(a['r2'], 3)} | {a['n']} | "
                          f"{f(a['mean_err'])} | {f(a['max_err'])} |")
-    return "\n".join(lines) + "\n"
+    out = "\n".join(lines) + "\n"
+    return out + ("\n" + profile_markdown(report["probe_profile"]) if report.get("probe_profile") else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -360,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hadamard-block", type=int, default=64)
     ap.add_argument("--attention-target", type=float, default=0.75,
                     help="fraction of the calibration samples whose attention τ_attn lets run 8-bit")
+    ap.add_argument("--tdc-only", action="store_true",
+                    help="measure only step-mode TDC's probe profile and write it into the existing policy OUT "
+                         "(its DMPQ, PDR and attention calibration kept; the report gets the profile's section)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: per device)")
     args = ap.parse_args(argv)
@@ -375,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                  ("guidance_scale", args.guidance)):
         if v is not None:
             call[k] = v
+    if args.tdc_only:
+        return _tdc_only(args, pipe, prompts, call, argv, before)
     policy, report = calibrate(
         pipe, prompts, steps=args.steps, seed=args.seed, target_bits=args.target_bits,
         hadamard_block=args.hadamard_block, negative_prompt=args.negative_prompt, call_kwargs=call,
@@ -391,6 +404,26 @@ def main(argv: list[str] | None = None) -> int:
     rep.write_text(report_markdown(report, command))
     print(f"wrote {out} and {rep}: R² pooled {report['r2_overall']}, τ {report['tau']:.5g} "
           f"for {args.target_bits} bits, {len(policy.linears)} layers")
+    return 0
+
+
+def _tdc_only(args, pipe, prompts: list[str], call: dict[str, Any], argv, fingerprint: str | None) -> int:
+    """``--tdc-only``: the probe profile into the existing policy ``--out`` (of the same weights) and its report."""
+    out = Path(args.out)
+    policy = Policy.load(out)
+    sha = policy.meta.get("transformer_sha256")
+    if sha and fingerprint and sha != fingerprint:
+        print(f"error: {out} was calibrated on other weights (sha256 {sha[:16]}…); nothing written", file=sys.stderr)
+        return 1
+    policy.probe_profile = probe_profile(pipe, prompts, steps=args.steps, seed=args.seed,
+                                         negative_prompt=args.negative_prompt, call={**_default_call(pipe), **call},
+                                         log=lambda s: print(s, file=sys.stderr))
+    policy.meta["tdc_command"] = "python -m sixbit.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
+    policy.save(out)
+    rep = Path(args.report) if args.report else out.with_suffix(".md")
+    head = rep.read_text().split("\n## TDC probe profile")[0].rstrip("\n") + "\n" if rep.exists() else ""
+    rep.write_text(head + "\n" + profile_markdown(policy.probe_profile))
+    print(f"wrote the TDC probe profile ({args.steps} steps, n={policy.probe_profile.n}) into {out} and {rep}")
     return 0
 
 

@@ -32,7 +32,10 @@ static baselines, ``off``/``fp16``, ``tdc_only`` and ``tdc_paper`` keep bf16 att
 Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benchmark's videos, docs/ENGINE.md
 "Defaults"; TDC's mode and probe threshold from ``benchmarks/results/tdc_curves_mini_20*``, docs/TDC.md):
 ``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
-(0.3). They are starting points for other models and step counts, not calibrated values.
+(0.3). Step mode's thresholds are given for 20 steps and follow the step count N (``tdc_threshold_rule="steps"``:
+× 20/N; ``tdc_reuse="auto"``: from 40 steps on the first-order forecast with 0.05 × 20/N, ``aggressive`` 0.075;
+docs/TDC.md §8: at 50 steps ~50 % skipped at 52.5 dB). They are starting points for other models, not calibrated
+values (``tdc_threshold_rule="profile"`` reads per-step weights calibrated into the policy).
 
 What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
 NVFP4 layers can be a speed win (that path is unverified). Below capability 10 (Hopper, Ada, Ampere) and on
@@ -213,11 +216,13 @@ class SixBitConfig:
         label="TDC decision",
     )
     tdc_reuse: str = _f(
-        "last",
+        "auto",
         "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
         "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'scaled' "
-        "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style).",
-        choices=("last", "linear", "scaled"),
+        "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style); 'auto' (step "
+        "mode) = 'linear' at tdc_forecast_steps steps or more, with tdc_forecast_threshold, else 'last' (block "
+        "mode: 'last').",
+        choices=("last", "linear", "scaled", "auto"),
         label="TDC reuse",
     )
     tdc_scope: str = _f(
@@ -235,6 +240,30 @@ class SixBitConfig:
         "(relative L1) by at most this.",
         min=0.0,
         label="TDC probe threshold",
+    )
+    tdc_threshold_rule: str = _f(
+        "steps",
+        "Step mode: how the probe threshold follows the step count N. 'fixed' = the threshold at every N; 'steps' "
+        "= threshold × tdc_threshold_steps / N (one step's drift shrinks ~1/N); 'profile' = that, ÷ the policy's "
+        "calibrated per-step weight (the rest of the network's drift per unit of probe drift, `python -m "
+        "sixbit.calibrate`), 'steps' when the policy has none (docs/TDC.md §8).",
+        choices=("fixed", "steps", "profile"),
+        label="TDC threshold rule",
+    )
+    tdc_threshold_steps: int = _f(
+        20, "Step mode, rules 'steps'/'profile': the step count the probe thresholds are given for.", min=1,
+        max=1000, label="TDC thresholds given for N steps",
+    )
+    tdc_forecast_steps: int = _f(
+        40, "tdc_reuse='auto': forecast ('linear') at this many steps or more, reuse the last delta below.", min=1,
+        max=1000, label="TDC forecast from N steps",
+    )
+    tdc_forecast_threshold: float = _f(
+        0.05,
+        "tdc_reuse='auto' where it forecasts: the probe threshold instead of tdc_probe_threshold (the probe is then "
+        "compared with its forecast, which is closer than the last reference); scaled by the threshold rule.",
+        min=0.0,
+        label="TDC forecast probe threshold",
     )
     tdc_tail: int = _f(
         0,
@@ -401,7 +430,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fp16": dict(quant="off", tdc=False, pdr=False, attention="bf16"),
     "balanced": dict(),
     "full": dict(),
-    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3, tdc_first=1),
+    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3,
+                       tdc_forecast_threshold=0.075, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False, attention="bf16"),
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),

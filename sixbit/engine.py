@@ -135,6 +135,21 @@ def _policy_warnings(cfg: SixBitConfig, policy: Policy, tau: float, rho: float, 
     return out
 
 
+def tdc_threshold(cfg: SixBitConfig, policy: Policy):
+    """Step mode's probe profile (rule ``"profile"``, from the policy) and the trace's statement of the rule
+    in force, with the fallback to ``"steps"`` when the policy has no profile (``sixbit.tdc.probe_threshold``)."""
+    rule, s = cfg.tdc_threshold_rule, cfg.tdc_threshold_steps
+    if not cfg.tdc or cfg.tdc_mode != "step":
+        return None, "block mode: tdc_threshold/tdc_budget as given" if cfg.tdc else "TDC off"
+    if rule == "fixed":
+        return None, "fixed: the probe threshold at every step count"
+    if rule == "profile" and policy.probe_profile is not None:
+        p = policy.probe_profile
+        return p, f"profile: threshold × {s}/N ÷ the policy's per-step weight ({p.steps}-step calibration, n={p.n})"
+    why = " (the policy has no TDC probe profile: `python -m sixbit.calibrate` measures one)" if rule == "profile" else ""
+    return None, f"steps: threshold × {s}/N{why}"
+
+
 def _swap(transformer: nn.Module, blocks, adapter: Adapter, cfg: SixBitConfig, names: list[str]):
     """(routed SixBitLinears in ``names`` order, weight-only SixBitLinears, originals for the restore)."""
     modules: list[SixBitLinear] = []
@@ -188,8 +203,9 @@ class SixBitHandle:
         # swap, then the hooks that run the method and write the run the handle reads
         self.modules, self.weight_only_modules, self._originals = _swap(transformer, blocks, adapter, cfg,
                                                                         self.linear_names)
+        self.probe_profile, self.tdc_threshold_resolved = tdc_threshold(cfg, policy)
         self.run = Run(self._new_trace)
-        method = Method(cfg, adapter, schedule, self.tau, self.pdr_rho, self.tau_attn)
+        method = Method(cfg, adapter, schedule, self.tau, self.pdr_rho, self.tau_attn, self.probe_profile)
         self.block_hooks = [BlockHook(b, self.run, method, idx, [self.modules[j] for j in idx] if self.modules
                                       else [], fits[b]) for b, idx in enumerate(self.block_linear_idx)]
         self.denoiser_hook = DenoiserHook(self.run, self.block_hooks, pipe=pipe, sync_timing=cfg.sync_timing)
@@ -240,6 +256,7 @@ class SixBitHandle:
             device = torch.device("cpu")
         config = {**self.cfg.to_dict(), "policy_resolved": self.policy.describe(), "tau_resolved": self.tau,
                   "tau_attn_resolved": self.tau_attn, "pdr_rho_resolved": self.pdr_rho, "pdr_rho_source": self.pdr_rho_source,
+                  "tdc_threshold_resolved": self.tdc_threshold_resolved,
                   "family": self.adapter.family, "cfg_batching": self.adapter.cfg,
                   "schedule": None if self.schedule is None else self.schedule.source}
         compiled = getattr(self, "kernels_compiled_s", None)

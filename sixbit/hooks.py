@@ -71,6 +71,7 @@ class Call:
     t0: float
     skip_rest: bool = False  # step mode: the probe block decided that the rest of this call skips
     scale: float = 1.0  # step mode, tdc_reuse="scaled": the probe's magnitude ratio the skipped deltas take
+    threshold: float | None = None  # step mode: the probe threshold of this step (tdc.probe_threshold)
 
 
 class Run:
@@ -119,6 +120,7 @@ class Method:
     tau: float
     rho: float
     tau_attn: float | None = None  # the 8-bit attention's threshold (None: no attention fits)
+    probe_profile: Any = None  # step mode, tdc_threshold_rule="profile": the policy's ProbeProfile (None: "steps")
 
 
 # ---------------------------------------------------------------------------------------- denoiser
@@ -373,7 +375,7 @@ class BlockHook(ModelHook):
         if action is None:
             return run_attention()
         st, shapes = self._attn_ctx
-        linear = self.method.cfg.tdc_reuse == "linear"
+        linear = tdc.resolve_reuse(self.method.cfg, self.run.call.num_steps) == "linear"
         if action == "reuse":
             out = tdc.forecast(st.attn, st.prev_attn, self.run.call.step, st.last_step, st.prev_step) if linear \
                 else st.attn
@@ -416,7 +418,7 @@ class BlockHook(ModelHook):
         rec.blocks[self.index] = {"computed": True, "skipped": True, "pdr": False, "gamma": gamma,
                                   "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
                                   "mode": routing.mode,
-                                  "tdc": "attn_forecast" if cfg.tdc_reuse == "linear" else "attn_reuse"}
+                                  "tdc": "attn_forecast" if tdc.resolve_reuse(cfg, call.num_steps) == "linear" else "attn_reuse"}
         for k, j in enumerate(self.linears):
             skipped = k in attn_linears
             rec.routes[j] = SKIPPED if skipped else display(routing.routes[k])
@@ -435,7 +437,7 @@ class BlockHook(ModelHook):
         return cfg.tdc and self.method.schedule is None and self.index >= len(self.run.trace.blocks) - cfg.tdc_tail
 
     def _reuse(self, call: Call, st: BlockState, streams):
-        reuse = self.method.cfg.tdc_reuse
+        reuse = tdc.resolve_reuse(self.method.cfg, call.num_steps)
         linear = reuse == "linear"
         if reuse == "scaled":
             out = [s + call.scale * d for s, d in zip(streams, st.delta)]
@@ -497,7 +499,7 @@ class BlockHook(ModelHook):
         # attention scope: only the probe keeps its delta (the decision's reference); the others cache attention
         keep = (cfg.tdc or self.method.schedule is not None) and not self.tail() and (probe or not self.attention_scope())
         compare = cached and keep
-        linear = cfg.tdc_reuse == "linear"
+        linear = tdc.resolve_reuse(cfg, call.num_steps) == "linear"
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
         ref = (st.reused(call.step, linear) if probe else st.delta) if compare else None
         deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
@@ -511,7 +513,8 @@ class BlockHook(ModelHook):
         capped = False
         if probe:
             st.delta_sim = dmpq.ratio(vals[2], vals[3]) if compare else None
-            skips = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg)
+            call.threshold = tdc.probe_threshold(call.step, call.num_steps, cfg, self.method.probe_profile)
+            skips = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg, call.threshold)
             capped = skips and tdc.capped(st.run_skips, cfg)
             call.skip_rest = skips and not capped
             if call.skip_rest:  # the reference stays the last computed step's
@@ -538,6 +541,8 @@ class BlockHook(ModelHook):
         rec.blocks[self.index] = {"computed": True, "skipped": False, "pdr": routing.pdr, "gamma": st.gamma,
                                   "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": oratio,
                                   "mode": routing.mode, "tdc": decision}
+        if decision.startswith("probe_"):  # the threshold the step decided with (tdc.probe_threshold)
+            rec.blocks[self.index]["threshold"] = call.threshold
         for k, j in enumerate(self.linears):
             rec.routes[j] = display(routing.routes[k])
             rec.pred_err[j] = routing.pred_err[k]

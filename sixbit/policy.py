@@ -14,6 +14,7 @@ File format (``format: "sixbit-policy"``, ``version: 1``)::
       "pdr": {"rho": 0.0036, "k_sigma": 8.0, "quantile": 0.95, "n": 1440},   # optional: PDR's ρ for this model
       "attention": {"blocks": {"transformer_blocks.0": {"alpha": 0.3, "beta": 0.02, "r2": 0.7, "n": 38}, ...},
                     "tau": 0.05, "target": 0.75, "tau_table": {"0.25": 0.03, ..., "1": 0.09}},   # optional
+      "tdc": {"steps": 20, "n": 8, "probe_drift": [0.41, ...], "rest_drift": [0.52, ...]},   # optional
       "meta": {...}                              # free-form: prompts, steps, seed, command line
     }
 
@@ -23,7 +24,11 @@ Predicted relative error of a layer's NVFP4 route: ``E = alpha · Γ + beta``; t
 when the config leaves ``pdr_rho`` empty. ``attention`` (optional; files without it still load, and then
 every attention runs bf16) holds the per-block fit of the 8-bit attention's relative error
 ``E_attn = alpha · Γ + beta`` (``sixbit.dmpq.attention_route``: 8-bit when ``E_attn ≤ tau``), τ_attn for
-``target`` (the fraction of the calibration samples at or under it) and a τ-for-fraction table. Loading validates every field and raises :class:`PolicyError` naming the first bad one
+``target`` (the fraction of the calibration samples at or under it) and a τ-for-fraction table. ``tdc`` (optional; files
+without it still load, and step-mode TDC's ``tdc_threshold_rule="profile"`` then falls back to ``"steps"``,
+saying so in the trace) is the probe profile of a full-compute run (:class:`ProbeProfile`): per step 1…N−1
+of an N-step calibration run, the mean one-step drift of block 0's delta (the probe) and of the combined
+residual of the blocks after it (what a skipped step reuses). Loading validates every field and raises :class:`PolicyError` naming the first bad one
 (``linears['transformer_blocks.3.ff.net.2'].alpha: expected a finite number, got 'x'``).
 """
 
@@ -37,7 +42,7 @@ from typing import Any
 
 from sixbit.routes import BITS, INT8, NVFP4
 
-__all__ = ["Policy", "LinearFit", "PolicyError", "POLICY_FORMAT", "POLICY_VERSION", "bits_to_int8_fraction"]
+__all__ = ["Policy", "LinearFit", "ProbeProfile", "PolicyError", "POLICY_FORMAT", "POLICY_VERSION", "bits_to_int8_fraction"]
 
 POLICY_FORMAT = "sixbit-policy"
 POLICY_VERSION = 1
@@ -68,6 +73,48 @@ class LinearFit:
 
 
 @dataclass
+class ProbeProfile:
+    """Step-mode TDC's calibrated per-step profile (``sixbit.calibrate.probe_profile``): at every step k = 1…
+    ``steps``−1 of a full-compute calibration run, the relative L1 change from step k−1 of the probe's delta
+    (``probe_drift[k−1]``) and of the combined residual of the blocks after it (``rest_drift[k−1]``), each
+    the mean over ``n`` prompt × CFG-branch runs."""
+
+    steps: int
+    probe_drift: list[float]
+    rest_drift: list[float]
+    n: int = 0
+
+    def weight(self, step: int, num_steps: int) -> float:
+        """How much more the rest of the network drifts per unit of probe drift at ``step`` of ``num_steps``
+        than at the profile's median step: the ratio rest/probe, interpolated at the same normalised time
+        u = step/(num_steps−1) (linear, clamped at the ends), over its median. The probe threshold is
+        divided by it (``sixbit.tdc.probe_threshold``)."""
+        g = [r / p if p > 0 else 1.0 for p, r in zip(self.probe_drift, self.rest_drift)]
+        med = sorted(g)[len(g) // 2]
+        u = step / max(1, num_steps - 1) * (self.steps - 1)  # in the calibration's steps; drift k sits at u = k
+        xs = range(1, self.steps)
+        return _interpolate(dict(zip(xs, g)), u, 1.0) / med if med > 0 else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "n": self.n, "probe_drift": self.probe_drift, "rest_drift": self.rest_drift}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ProbeProfile:
+        if not isinstance(d, dict):
+            raise PolicyError(f"tdc: expected an object with steps, probe_drift and rest_drift, got {_show(d)}")
+        steps = _int(d.get("steps"), "tdc.steps", minimum=2)
+        drifts = {}
+        for key in ("probe_drift", "rest_drift"):
+            v = d.get(key)
+            if not isinstance(v, list) or len(v) != steps - 1:
+                raise PolicyError(f"tdc.{key}: expected a list of {steps - 1} drifts (steps 1…{steps - 1}), got {_show(v)}")
+            drifts[key] = [_number(x, f"tdc.{key}[{i}]") for i, x in enumerate(v)]
+            if any(x < 0 for x in drifts[key]):
+                raise PolicyError(f"tdc.{key}: drifts are relative L1 changes (>= 0), got {_show(v)}")
+        return cls(steps=steps, n=_int(d.get("n", 0), "tdc.n", minimum=0), **drifts)
+
+
+@dataclass
 class Policy:
     linears: dict[str, LinearFit]
     tau: float
@@ -87,6 +134,7 @@ class Policy:
     attention_tau: float | None = None
     attention_target: float | None = None
     attention_tau_table: dict[float, float] = field(default_factory=dict)
+    probe_profile: ProbeProfile | None = None
 
     # -------------------------------------------------------------------------------------- decisions
     def fit(self, name: str) -> LinearFit:
@@ -144,6 +192,7 @@ class Policy:
                 "target": self.attention_target,
                 "tau_table": {f"{f:g}": t for f, t in sorted(self.attention_tau_table.items())}}}
                if self.attention else {}),
+            **({"tdc": self.probe_profile.to_dict()} if self.probe_profile is not None else {}),
             "meta": self.meta,
         }
 
@@ -228,6 +277,7 @@ class Policy:
             attention_tau=_number(att.get("tau"), "attention.tau") if att_blocks else None,
             attention_target=None if att_target is None else _number(att_target, "attention.target"),
             attention_tau_table=_table(att.get("tau_table", {}), "attention.tau_table", "fraction"),
+            probe_profile=None if d.get("tdc") is None else ProbeProfile.from_dict(d["tdc"]),
         )
 
     def describe(self) -> str:
@@ -235,7 +285,9 @@ class Policy:
             return "uncalibrated"
         att = (f"attention fits for {len(self.attention)} blocks" if self.attention
                else "no attention fit: bf16 attention")
-        return f"calibrated on {self.model!r} ({len(self.linears)} layers, R² {self.r2_overall}; {att})"
+        tdc = (f"TDC probe profile of {self.probe_profile.steps} steps" if self.probe_profile is not None
+               else "no TDC probe profile")
+        return f"calibrated on {self.model!r} ({len(self.linears)} layers, R² {self.r2_overall}; {att}; {tdc})"
 
 
 _IDENTITY = LinearFit(alpha=1.0, beta=0.0)

@@ -58,6 +58,22 @@ Variants (options of the config, recorded in the trace's config and per cell; th
   their attention output instead of a delta). The trace marks such a cell ``"attn_reuse"``/``"attn_forecast"``
   (computed *and* skipped: its attention call did not run, which is what ``skip_fraction`` counts).
 
+Step mode's threshold and the step count (``probe_threshold``, ``resolve_reuse``; docs/TDC.md §8): the drift
+of one step shrinks about as 1/N with N steps, so a fixed threshold skips more the more steps there are.
+
+* ``tdc_threshold_rule="steps"`` — the threshold is given for ``tdc_threshold_steps`` = S steps and applied at
+  N steps as ``θ·S/N`` (``"fixed"``: θ at every N, the rule before session 10).
+* ``tdc_threshold_rule="profile"`` — per-step thresholds calibrated into the policy (``python -m
+  sixbit.calibrate``, :class:`sixbit.policy.ProbeProfile`): ``θ·S/N / w(t)``, ``w`` the calibrated ratio of
+  the rest of the network's one-step drift to the probe's at the same normalised time, over its median —
+  the probe's drift rescaled to the drift of what a skip reuses (TeaCache/MagCache's idea: the proxy's
+  change is not the skipped part's, and the ratio moves along the trajectory). Without a profile in the
+  policy: ``"steps"``, stated in the trace's config (``tdc_threshold_resolved``).
+* ``tdc_reuse="auto"`` — ``"linear"`` (forecast; the probe compared with its forecast) at N ≥
+  ``tdc_forecast_steps``, where neighbouring steps' deltas are close enough to extrapolate, with the
+  threshold ``tdc_forecast_threshold`` (a forecast is closer than the last reference, so the same drift
+  needs a lower bar); ``"last"`` with ``tdc_probe_threshold`` below. Block mode resolves it to ``"last"``.
+
 All statistics are additive sums (``delta_change_sums``), read through ``Run.read``.
 
 A :class:`SkipSchedule` records the computed/skipped pattern (block × step, per branch) of a run and can
@@ -90,13 +106,15 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "SCOPES", "delta_change_sums", "change_rate", "capped", "decide", "accumulate", "step_skips",
-           "fixed", "forecast", "SkipSchedule"]
+__all__ = ["MODES", "REUSE", "SCOPES", "THRESHOLD_RULES", "delta_change_sums", "change_rate", "capped", "decide",
+           "accumulate", "step_skips", "resolve_reuse", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
 MODES = ("block", "step")
 #: what a skipped cell returns: the last computed delta, or its first-order forecast
-REUSE = ("last", "linear", "scaled")
+REUSE = ("last", "linear", "scaled", "auto")
+#: how step mode's probe threshold follows the step count
+THRESHOLD_RULES = ("fixed", "steps", "profile")
 
 
 def delta_change_sums(new: list[torch.Tensor], old: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,15 +155,41 @@ def accumulate(acc_err: float, delta_sim: float | None) -> float:
     return acc_err + (delta_sim or 0.0)
 
 
-def step_skips(probe_change: float | None, step: int, num_steps: int | None, cfg) -> bool:
+def resolve_reuse(cfg, num_steps: int | None) -> str:
+    """``tdc_reuse`` with ``"auto"`` resolved: ``"linear"`` in step mode at ``num_steps`` ≥
+    ``tdc_forecast_steps``, else ``"last"`` (also when the step count is unknown)."""
+    if cfg.tdc_reuse != "auto":
+        return cfg.tdc_reuse
+    dense = cfg.tdc_mode == "step" and num_steps is not None and num_steps >= cfg.tdc_forecast_steps
+    return "linear" if dense else "last"
+
+
+def probe_threshold(step: int, num_steps: int | None, cfg, profile=None) -> float:
+    """Step mode's threshold on the probe's drift at ``step`` of ``num_steps`` (module docstring): the base —
+    ``tdc_forecast_threshold`` where ``tdc_reuse="auto"`` forecasts, else ``tdc_probe_threshold`` — × S/N
+    (rules ``"steps"``, ``"profile"``; not when the step count is unknown), ÷ the calibrated weight of
+    ``profile`` (a :class:`sixbit.policy.ProbeProfile`, rule ``"profile"``; None: no weight)."""
+    auto_linear = cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) == "linear"
+    theta = cfg.tdc_forecast_threshold if auto_linear else cfg.tdc_probe_threshold
+    if cfg.tdc_threshold_rule == "fixed" or num_steps is None:
+        return theta
+    theta *= cfg.tdc_threshold_steps / num_steps
+    if cfg.tdc_threshold_rule == "profile" and profile is not None:
+        theta /= profile.weight(step, num_steps)
+    return theta
+
+
+def step_skips(probe_change: float | None, step: int, num_steps: int | None, cfg,
+               threshold: float | None = None) -> bool:
     """Step mode: True when the blocks after the probe skip jointly at ``step`` — inside the window and the
-    probe's drift since the last computed step (None without a reference) at most the probe threshold.
-    (The cap on consecutive skipped steps, :func:`capped`, is the hook's: it records why.)"""
+    probe's drift since the last computed step (None without a reference) at most ``threshold`` (default: the
+    step's :func:`probe_threshold` without a profile). (The cap on consecutive skipped steps, :func:`capped`,
+    is the hook's: it records why.)"""
     if not cfg.tdc or step < cfg.tdc_first or probe_change is None:
         return False
     if num_steps is not None and step >= num_steps - cfg.tdc_last:
         return False
-    return probe_change <= cfg.tdc_probe_threshold
+    return probe_change <= (probe_threshold(step, num_steps, cfg) if threshold is None else threshold)
 
 
 def fixed(index: int, num_blocks: int, cfg) -> bool:

@@ -36,6 +36,8 @@ Conventions:
   are true (the block ran on its fresh input, its self-attention call did not — it returned the cached output);
   its attention's linears show ``skipped``, the others their routes, ``attention.why`` is ``attn_reuse``.
   ``skip_fraction`` counts it as skipped: the fraction of self-attention calls not run (the peer arena's count).
+  The decision is ``sixbit.hooks.BlockHook._refresh``'s; step mode's probe row also has
+  ``threshold``, the probe threshold of that step (``sixbit.tdc.probe_threshold``).
 * A step's ``blocks``/``routes``/``pred_err`` are those of its first CFG branch (``branch``); with
   separate CFG calls (Wan) the other branch is under ``other_branches``. The ``summary`` counts every
   branch: ``route_counts`` add up to steps × linears × branches, ``skip_fraction`` is over all block

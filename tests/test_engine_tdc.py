@@ -351,7 +351,10 @@ def test_linear_reuse_returns_input_plus_the_first_order_forecast():
 
 @pytest.mark.parametrize("mode,reuse,extra", [("block", "linear", {}), ("step", "last", {}), ("step", "linear", {}),
                                               ("step", "last", {"tdc_tail": 1, "tdc_max_skips": 2}),
-                                              ("block", "last", {"tdc_tail": 1, "tdc_max_skips": 1})])
+                                              ("block", "last", {"tdc_tail": 1, "tdc_max_skips": 1}),
+                                              ("step", "auto", {"tdc_forecast_steps": 1, "tdc_threshold_rule": "steps",
+                                                                "tdc_forecast_threshold": math.inf}),
+                                              ("step", "last", {"tdc_threshold_rule": "profile"})])
 def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(mode, reuse, extra):
     pipe = tiny_cogvideox_pipeline(seed=0)
     cfg = SixBitConfig.preset("full", policy=None, tau=1.0, pdr_rho=0.0, pdr_k_sigma=1.0, tdc_mode=mode, tdc_reuse=reuse,
@@ -387,7 +390,9 @@ def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(
 
 @pytest.mark.parametrize("mode,reuse,extra", [("block", "linear", {}), ("step", "linear", {}),
                                               ("step", "last", {"tdc_tail": 1, "tdc_max_skips": 2}),
-                                              ("block", "last", {"tdc_max_skips": 2})])
+                                              ("block", "last", {"tdc_max_skips": 2}),
+                                              ("step", "auto", {"tdc_forecast_steps": 1, "tdc_forecast_threshold": math.inf}),
+                                              ("step", "last", {"tdc_threshold_rule": "steps"})])
 def test_variant_state_resets_between_calls_and_shapes(mode, reuse, extra):
     """A leaked delta (or forecast history, or skip count) from an earlier call would change the later calls'
     results."""

@@ -130,8 +130,10 @@ def test_skip_error_drifts_linearly_and_change_rate_is_per_step():
 
 
 def test_step_mode_skips_the_rest_inside_the_window_under_the_probe_threshold():
-    c = cfg(tdc_mode="step", tdc_probe_threshold=0.2)
+    c = cfg(tdc_mode="step", tdc_probe_threshold=0.2, tdc_threshold_rule="fixed")
     assert tdc.step_skips(0.2, 5, 10, c) and not tdc.step_skips(0.21, 5, 10, c)  # inclusive
+    steps = c.replace(tdc_threshold_rule="steps")  # the default: 0.2 is the threshold at 20 steps, 0.4 at 10
+    assert tdc.step_skips(0.4, 5, 10, steps) and not tdc.step_skips(0.41, 5, 10, steps)
     assert not tdc.step_skips(0.0, 1, 10, c) and not tdc.step_skips(0.0, 9, 10, c)  # first 2, last 1
     assert tdc.step_skips(0.0, 9, None, c)
     assert not tdc.step_skips(None, 5, 10, c)  # no reference yet
