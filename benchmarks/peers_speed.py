@@ -17,9 +17,11 @@ protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
    forced to compute every unit (``ctx.mode="compute"``), then forced to skip every unit it can
    (``"skip"``). Each mode: one untimed call of ``--timed-steps`` steps (warms every kernel that mode runs,
    Triton compiles and torch.compile included), then a timed call of the same length with a synchronizing
-   step callback (per-step times) and the counter. ``T_full`` = median step time of the compute call;
-   ``T_skip`` = median over the skip call's steps that ran its minimum ``U_skip`` units;
-   ``saving per unit = (T_full − T_skip) / (U_full − U_skip)``.
+   step callback (per-step times) and the counter. Each mode records the warm-up's wall time (``warmup_s``:
+   compilation lands there) and the frames TorchDynamo compiled in the warm-up and in the timed call
+   (``compiles_warmup``, ``compiles_timed``; the latter 0 means no compile was timed). ``T_full`` = median
+   step time of the compute call; ``T_skip`` = median over the skip call's steps that ran its minimum
+   ``U_skip`` units; ``saving per unit = (T_full − T_skip) / (U_full − U_skip)``.
 3. A row's estimated 50-step denoising loop = Σ_t [T_full − saving × U_full × (1 − c_t)], with c_t the row's
    mean computed fraction at the same relative step on sixbit-mini (``per_step_computed`` of
    ``peers_mini_<steps>.json``, from the 50-step run when there is one). The baseline is 50 × T_full of the
