@@ -162,10 +162,11 @@ def report(args) -> None:
     q = max(qualities.values(), key=lambda d: (sum(r.get("n", 0) for r in d["rows"].values()),
                                                -d["generation"]["num_inference_steps"]))
     md = arena_markdown(qualities, speed)
-    if speed:
-        md += goal_markdown(qualities, speed, args.size)
+    sizes = sorted(speed["models"], key=lambda z: (z != args.size, z)) if speed else [args.size]
+    for size in sizes if speed else []:
+        md += goal_markdown(qualities, speed, size)
     (out / "peers_arena.md").write_text(md)
-    pareto_png(q, speed, out / "peers_pareto.png", args.size)
+    pareto_png(q, speed, out / "peers_pareto.png", sizes)
     print(md)
 
 
@@ -225,46 +226,47 @@ def _style(name: str) -> dict:
     return dict(s=45, marker="o", c="tab:blue", zorder=3)
 
 
-def pareto_png(q: dict, speed: dict | None, path: Path, size: str = "2b") -> Path:
-    """Quality (PSNR on sixbit-mini) against estimated 2B speed-up, with a memory panel (2B weights); without
-    GPU numbers, against the fraction of block evaluations skipped on sixbit-mini, with the mini's weights."""
+def pareto_png(q: dict, speed: dict | None, path: Path, sizes: list[str] = ("2b",)) -> Path:
+    """Quality (PSNR on sixbit-mini) against the estimated speed-up, one panel per size of the speed data
+    (the first: ``--size``), and a memory panel (weights at the first size); without GPU numbers, against the
+    fraction of block evaluations skipped on sixbit-mini, with the mini's weights."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    est = speed_rows(q, speed, size) if speed else {}
-    pts = []  # (name, x, psnr, weight bytes)
-    for name, r in q["rows"].items():
-        psnr = r["summary"]["psnr"]["mean"] if r.get("n") else float("nan")
-        if name == "baseline" or not math.isfinite(psnr) or (est and name not in est):
-            continue
-        if est:
-            pts.append((name, est[name]["speedup"], psnr, est[name].get("weight_bytes")))
-        else:
-            pts.append((name, 1.0 - r["summary"]["computed_fraction"]["mean"], psnr, r.get("weight_bytes")))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 6))
+    sizes = [z for z in sizes if speed and speed_rows(q, speed, z)] or [None]
     steps = q["generation"]["num_inference_steps"]
-    for name, x, y, wb in pts:
-        style = _style(name)
-        ax.scatter(x, y, **style)
-        ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if wb:
-            ax2.scatter(x, wb / 2**20, **style)
-            ax2.annotate(name, (x, wb / 2**20), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    xlabel = ("estimated end-to-end (denoising loop) speed-up at CogVideoX-2B, H200, 50 steps" if est else
-              "fraction of block evaluations skipped on sixbit-mini (attention rows not run) — NOT a speed-up")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"PSNR vs the FP32 video on sixbit-mini, dB ({steps} steps, mean of {q['rows']['baseline']['n']} videos)")
-    ax.set_title("sixbit (red ★) vs peers — ● block caches, ▲ attention-only caches, ■ quantization\n"
-                 "quality vs " + ("estimated 2B speed-up" if est else "skipped work"), fontsize=10)
-    ax2.set_xlabel(xlabel.split(" — ")[0])
-    ax2.set_ylabel("transformer weights at CogVideoX-2B, MiB" if est else
-                   "transformer weights of sixbit-mini (an FP32 model), MiB")
-    ax2.set_title("memory (weights the transformer keeps resident)")
-    for a in (ax, ax2):
+    fig, axes = plt.subplots(1, len(sizes) + 1, figsize=(7 * (len(sizes) + 1), 6))
+    for i, size in enumerate(sizes):
+        est = speed_rows(q, speed, size) if size else {}
+        ax = axes[i]
+        for name, r in q["rows"].items():
+            psnr = r["summary"]["psnr"]["mean"] if r.get("n") else float("nan")
+            if name == "baseline" or not math.isfinite(psnr) or (est and name not in est):
+                continue
+            x = est[name]["speedup"] if est else 1.0 - r["summary"]["computed_fraction"]["mean"]
+            wb = est[name].get("weight_bytes") if est else r.get("weight_bytes")
+            for a, y in ((ax, psnr), (axes[-1], wb / 2**20 if wb else None)) if i == 0 else ((ax, psnr),):
+                if y is not None:
+                    a.scatter(x, y, **_style(name))
+                    a.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        xlabel = (f"estimated end-to-end (denoising loop) speed-up at CogVideoX-{size.upper()}, H200, "
+                  f"{speed['steps']} steps" if est else
+                  "fraction of block evaluations skipped on sixbit-mini (attention rows not run) — NOT a speed-up")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"PSNR vs the FP32 video on sixbit-mini, dB ({steps} steps, mean of "
+                      f"{q['rows']['baseline']['n']} videos)")
+        ax.set_title("sixbit (red ★) vs peers — ● block caches, ▲ attention-only caches, ■ quantization\n"
+                     "quality vs " + (f"estimated {size.upper()} speed-up" if est else "skipped work"), fontsize=10)
+        if i == 0:
+            axes[-1].set_xlabel(xlabel.split(" — ")[0])
+            axes[-1].set_ylabel(f"transformer weights at CogVideoX-{size.upper()}, MiB" if est else
+                                "transformer weights of sixbit-mini (an FP32 model), MiB")
+            axes[-1].set_title("memory (weights the transformer keeps resident)")
+    for a in axes:
         a.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

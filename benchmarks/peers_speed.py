@@ -17,9 +17,11 @@ protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
    forced to compute every unit (``ctx.mode="compute"``), then forced to skip every unit it can
    (``"skip"``). Each mode: one untimed call of ``--timed-steps`` steps (warms every kernel that mode runs,
    Triton compiles and torch.compile included), then a timed call of the same length with a synchronizing
-   step callback (per-step times) and the counter. ``T_full`` = median step time of the compute call;
-   ``T_skip`` = median over the skip call's steps that ran its minimum ``U_skip`` units;
-   ``saving per unit = (T_full − T_skip) / (U_full − U_skip)``.
+   step callback (per-step times) and the counter. Each mode records the warm-up's wall time (``warmup_s``:
+   compilation lands there) and the frames TorchDynamo compiled in the warm-up and in the timed call
+   (``compiles_warmup``, ``compiles_timed``; the latter 0 means no compile was timed). ``T_full`` = median
+   step time of the compute call; ``T_skip`` = median over the skip call's steps that ran its minimum
+   ``U_skip`` units; ``saving per unit = (T_full − T_skip) / (U_full − U_skip)``.
 3. A row's estimated 50-step denoising loop = Σ_t [T_full − saving × U_full × (1 − c_t)], with c_t the row's
    mean computed fraction at the same relative step on sixbit-mini (``per_step_computed`` of
    ``peers_mini_<steps>.json``, from the 50-step run when there is one). The baseline is 50 × T_full of the
@@ -56,7 +58,7 @@ PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the 
 DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache_ts",
                     "torchao_int8", "torchao_fp8", "sage", "stack_fbc_int8", "stack_dbcache_int8",
                     "stack_fbc_fp8_sage", "sixbit_tdc_only", "sixbit_full", "sixbit_full_w8a8", "sixbit_w8a8_tdc",
-                    "sixbit_aggressive", "sixbit_full_mod4", "torchao_fp8_compile")
+                    "sixbit_aggressive", "sixbit_full_mod4", "torchao_fp8_compile", "torchao_int8_compile")
 
 
 def add_arguments(p) -> None:
@@ -118,6 +120,13 @@ def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]
     return [b - a for a, b in zip(edges, edges[1:])], [sum(s) for s in wc.steps]
 
 
+def _compiles() -> int:
+    """Frames torch.compile has compiled in this process so far (TorchDynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
+
+
 def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
     """One forced mode of one row on a fresh random-weight pipeline: warm-up call, then the timed call."""
     from benchmarks.common import random_cogvideox
@@ -128,11 +137,15 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
     undo = row.apply(pipe, Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb))
     try:
         rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
-        _timed(pipe, call, args.timed_steps, device)  # warm-up: the same call, untimed
+        c0, t0 = _compiles(), time.perf_counter()
+        _timed(pipe, call, args.timed_steps, device)  # warm-up: the same call, untimed (torch.compile runs here)
+        c1 = _compiles()
+        rec["warmup_s"], rec["compiles_warmup"] = time.perf_counter() - t0, c1 - c0
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device)
+        rec["compiles_timed"] = _compiles() - c1  # 0 unless a guard failed: the timing would hold a compile
         if device.type == "cuda":
             rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
         return rec
@@ -163,6 +176,8 @@ def measure_family(family: str, size: str, args, device, dtype, schedules: dict)
         entry["t_skip_s"] = statistics.median([t for t, u in zip(sk["step_s"], sk["units"]) if u == u_min])
         if entry["units_full"] > u_min:
             entry["saving_per_unit_s"] = (entry["t_full_s"] - entry["t_skip_s"]) / (entry["units_full"] - u_min)
+    for k in ("warmup_s", "compiles_warmup", "compiles_timed"):  # per family: the sum over its modes
+        entry[k] = sum(m[k] for m in entry["modes"].values())
     peaks = [m["peak_mem_bytes"] for m in entry["modes"].values() if "peak_mem_bytes" in m]
     if peaks:
         entry["peak_mem_bytes"] = max(peaks)
@@ -215,23 +230,32 @@ def speed(args) -> dict:
     return results
 
 
+def _opt(x, fmt: str = "") -> str:
+    """A value older result files lack (warm-up time, compile counts) as "—"."""
+    return "—" if x is None else format(x, fmt)
+
+
 def _write(results: dict, out: Path, name: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     env = results["environment"]
     md = ["# Peer arena: unit costs at CogVideoX sizes (random weights)", "", "Protocol: " + results["protocol"], "",
-          f"Timed calls of {results['timed_steps']} steps after an identical warm-up call.", ""]
+          f"Timed calls of {results['timed_steps']} steps after an identical warm-up call. *warm-up s*: the untimed "
+          "calls' wall time, summed over the family's modes (torch.compile and Triton compile there); *compiles*: "
+          "frames TorchDynamo compiled in those calls / in the timed calls (0: no compile was timed).", ""]
     for size, m in results["models"].items():
         md += [f"## {size}", "", "| family (row) | T_full ms | T_skip ms | U_full | U_skip | saving/unit ms | "
-               "peak GiB | weights GiB |", "|---|---|---|---|---|---|---|---|"]
+               "peak GiB | weights GiB | warm-up s | compiles: warm-up / timed |",
+               "|---|---|---|---|---|---|---|---|---|---|"]
         for fam, e in m["families"].items():
             if "error" in e:
-                md.append(f"| {fam} ({e['row']}) | cannot run: {e['error'][:150]} | | | | | | |")
+                md.append(f"| {fam} ({e['row']}) | cannot run: {e['error'][:150]} | | | | | | | | |")
                 continue
             skip = f"{e['t_skip_s'] * 1e3:.0f}" if "t_skip_s" in e else "—"
             md.append(f"| {fam} ({e['row']}) | {e['t_full_s'] * 1e3:.0f} | {skip} | {e['units_full']} | "
                       f"{e.get('units_skip', '—')} | {e['saving_per_unit_s'] * 1e3:.2f} | "
-                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['weight_bytes'] / 2**30:.2f} |")
+                      f"{e.get('peak_mem_bytes', 0) / 2**30:.2f} | {e['weight_bytes'] / 2**30:.2f} | "
+                      f"{_opt(e.get('warmup_s'), '.1f')} | {_opt(e.get('compiles_warmup'))} / {_opt(e.get('compiles_timed'))} |")
         md.append("")
     md += ["- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
            f"- command: `{env['command']}`", ""]

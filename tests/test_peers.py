@@ -259,6 +259,38 @@ def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):
     assert "| fbc (fbc_0.05) |" in (tmp_path / "smoke.md").read_text()
 
 
+def test_speed_half_compiles_in_the_warm_up_never_in_the_timed_call(tmp_path, monkeypatch):
+    """A compiled row (here: every block compiled with TorchDynamo's eager backend, the torchao compile rows'
+    code path without inductor's cost) compiles in the untimed warm-up call; the timed call compiles nothing,
+    and both facts are in the result file."""
+    import json
+
+    from benchmarks import peers_speed
+    from benchmarks.peers import main
+    from benchmarks.peers_rows import Row
+
+    def compiled(pipe, ctx):
+        for block in pipe.transformer.transformer_blocks:
+            block.compile(backend="eager")
+        return lambda: None
+    torch._dynamo.reset()
+    monkeypatch.setattr(peers_speed, "family_row", lambda f: Row("compiled", f, "compiled blocks", compiled, caching=False))
+    main(["speed", "--sizes", "tiny", "--device", "cpu", "--families", "torchao_fp8_compile", "--timed-steps", "2",
+          "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path), "--name", "c"])
+    fam = json.loads((tmp_path / "c.json").read_text())["models"]["tiny"]["families"]["torchao_fp8_compile"]
+    assert fam["compiles_warmup"] >= 1 and fam["compiles_timed"] == 0 and fam["warmup_s"] > 0
+    assert f"| {fam['compiles_warmup']} / 0 |" in (tmp_path / "c.md").read_text()
+
+
+def test_goal_verdicts_say_by_how_much():
+    from benchmarks.peers_goal import both, verdict
+
+    assert verdict(1.10, 1.2) == "**missed** (−0.10× against 1.2×: −8 %)"
+    assert verdict(3.32, 3.0) == "**met** (+0.32× against 3×: +11 %)"
+    rows = {"a": {"speed_ratio": 1.3, "memory_ratio": 2.0}, "b": {"speed_ratio": 1.2, "memory_ratio": 3.1}}
+    assert both({"rows": rows}) == "`b`" and both({"rows": {"a": rows["a"]}}) == "none"
+
+
 @pytest.mark.parametrize("size,params,blocks", [("2b", 1.69e9, 30), ("5b", 5.57e9, 42)])
 def test_speed_sizes_are_the_real_cogvideox_transformers(size, params, blocks):
     """`speed --sizes 2b 5b` builds these (on the meta device here: no memory)."""
