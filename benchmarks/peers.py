@@ -197,6 +197,24 @@ def _keep_rows(path: Path, payload: dict, run: Path, drop: bool) -> None:
                          "run that made them, re-run them, or pass --drop-missing")
 
 
+def _carry_rows(path: Path, payload: dict) -> None:
+    """``--carry-missing``: the rows of the existing result file that this run dir has no videos of (a cleaned
+    /tmp, another machine) are kept as they are — same prompts and seeds required — each with its own command,
+    and marked ``carried`` with the date of the file they come from."""
+    if not path.exists():
+        return
+    old = json.loads(path.read_text())
+    if old.get("prompts") != payload["prompts"] or old.get("seeds") != payload["seeds"]:
+        raise SystemExit(f"--carry-missing: {path} has other prompts or seeds than this run "
+                         f"({len(old.get('prompts', []))} prompts, seeds {old.get('seeds')})")
+    when = old.get("environment", {}).get("date")
+    for n in list(payload["not_run"]):
+        row = old["rows"].get(n)
+        if row and row.get("n"):
+            payload["rows"][n] = {**row, "carried": row.get("carried") or when}
+            payload["not_run"].remove(n)
+
+
 def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
     """The result files from what ``run`` holds: every row with videos of these prompts and seeds (whichever
     invocation made them), the rows it has none of listed as not run, the GPU-only rows with their reason."""
@@ -235,6 +253,9 @@ def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
     name = args.name or f"peers_mini_{args.steps}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "carry_missing", False):
+        _carry_rows(out / f"{name}.json", payload)
+        payload["commands"] = list(dict.fromkeys(r["command"] for r in payload["rows"].values() if r.get("command")))
     _keep_rows(out / f"{name}.json", payload, run, args.drop_missing)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     md = quality_markdown(payload)
@@ -261,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--out", default=str(RESULTS))
     q.add_argument("--name", default=None)
     q.add_argument("--summarize-only", action="store_true", help="write the result files from what --run-dir holds")
+    q.add_argument("--carry-missing", action="store_true",
+                   help="keep the rows of the existing result file that --run-dir has no videos of (marked carried)")
     q.add_argument("--drop-missing", action="store_true",
                    help="let the result files lose rows the run dir has no videos of (refused otherwise)")
     s = sub.add_parser("speed", help="unit costs at CogVideoX sizes (GPU; see benchmarks/peers_speed.py)")

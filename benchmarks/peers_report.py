@@ -72,6 +72,12 @@ def quality_markdown(payload: dict) -> str:
            "", "- " + "\n- ".join(f"{k}: `{v}`" for k, v in env.items() if v is not None and k != "command"),
            f"- command (this summary): `{env['command']}`"]
     md += [f"- rows run by: `{c}`" for c in payload.get("commands", [])]
+    carried = {}
+    for r in payload["rows"].values():
+        if r.get("carried"):
+            carried.setdefault(r["carried"], []).append(r["name"])
+    md += [f"- carried unchanged from the result file of {when} (`--carry-missing`): {', '.join(names)}"
+           for when, names in carried.items()]
     return "\n".join(md + [""])
 
 

@@ -47,7 +47,9 @@ from benchmarks.common import (
 SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_only", "dmpq_tdc", "full", "w8a8_tdc",
                  "full_stream", "full_w8a8", "full_bf16attn", "full_w8a8_bf16attn",
                  # TDC's attention scope (tdc_scope="attention"): replay a schedule recorded with it
-                 "tdc_attn", "full_attn", "w8a8_tdc_attn", "full_w8a8_attn")
+                 "tdc_attn", "full_attn", "w8a8_tdc_attn", "full_w8a8_attn",
+                 # full_w8a8 with after-skip attention by the stale Γ (docs/ATTENTION.md): replay its own schedule
+                 "fast")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
 #: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
 #: from that engineering's
@@ -121,16 +123,19 @@ def speed(args) -> dict:
         args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget,
                                             config=args.record_config, steps=args.record_steps))
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
-    if sched is not None:  # a schedule replays only under the scope it was recorded with (whole blocks / attention)
-        wrong = [n for n in args.configs or SPEED_CONFIGS if n not in ("bf16", *ENGINEERING_ONLY)
-                 and make_config(n).tdc and make_config(n).tdc_scope != sched.scope]
-        if wrong:
-            raise SystemExit(f"--schedule {args.schedule} was recorded with tdc_scope={sched.scope!r}; these --configs "
-                             f"have another tdc_scope: {wrong} (run them with a schedule of their scope)")
-    results["schedule"] = {"path": args.schedule, "source": sched.source if sched else None,
-                           "skip_fraction": sched.skip_fraction if sched else None,
-                           "route_fractions": sched.route_fractions if sched else None,
-                           "attention_fp8_fraction": sched.attention_fp8_fraction if sched else None}
+    row_paths = row_schedules(getattr(args, "row_schedule", None), args.configs or SPEED_CONFIGS)
+    row_sched = {n: SkipSchedule.load(path) for n, path in row_paths.items()}
+    # a schedule replays only under the scope it was recorded with (whole blocks / attention)
+    wrong = [(n, path) for n in args.configs or SPEED_CONFIGS if n not in ("bf16", *ENGINEERING_ONLY)
+             and make_config(n).tdc
+             for s_, path in [(row_sched.get(n, sched), row_paths.get(n, args.schedule))]
+             if s_ is not None and make_config(n).tdc_scope != s_.scope]
+    if wrong:
+        raise SystemExit("these --configs have another tdc_scope than the schedule they would replay: "
+                         + ", ".join(f"{n} ({path})" for n, path in wrong)
+                         + " (give them a schedule of their scope with --row-schedule CONFIG=PATH)")
+    results["schedule"] = schedule_info(args.schedule, sched)
+    results["row_schedules"] = {n: schedule_info(row_paths[n], s_) for n, s_ in row_sched.items()}
     for size in args.sizes:
         t_build = time.perf_counter()
         pipe = random_cogvideox(size, device, dtype, text_encoder=True)
@@ -153,10 +158,13 @@ def speed(args) -> dict:
                     entry["compute_path"] = ops().compute_path(device) + " (attention processor only)"
                 elif name != "bf16":
                     cfg = make_config(name)
-                    use_sched = sched is not None and cfg.tdc
-                    handle = sixbit.apply(pipe, cfg, schedule=sched.resample(num_blocks(tr), args.steps)
+                    row = row_sched.get(name, sched)
+                    use_sched = row is not None and cfg.tdc
+                    handle = sixbit.apply(pipe, cfg, schedule=row.resample(num_blocks(tr), args.steps)
                                           if use_sched else None)
                     entry["schedule_replayed"] = bool(use_sched)
+                    if use_sched:
+                        entry["schedule"] = row_paths.get(name, args.schedule)
                     entry["compute_path"] = handle.trace.to_dict().get("compute_path")
                     entry["kernels_compiled_s"] = handle.kernels_compiled_s
                 # warm-up (Triton compilation, the kernels' load-time self-check, cuDNN plans): an
@@ -198,6 +206,30 @@ def speed(args) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def row_schedules(specs: list[str] | None, configs) -> dict[str, str]:
+    """``--row-schedule CONFIG=PATH`` → ``{config: path}``: the schedule that row replays instead of
+    ``--schedule`` (rows of another TDC scope or recorded with another option, in the same run)."""
+    rows: dict[str, str] = {}
+    for spec in specs or []:
+        name, sep, path = spec.partition("=")
+        if not sep or not path:
+            raise SystemExit(f"--row-schedule {spec!r}: expected CONFIG=PATH")
+        if name not in configs:
+            raise SystemExit(f"--row-schedule {spec!r}: {name!r} is not one of --configs ({', '.join(configs)})")
+        if not Path(path).exists():
+            raise SystemExit(f"--row-schedule {spec!r}: no schedule file at {path}")
+        rows[name] = path
+    return rows
+
+
+def schedule_info(path: str | None, sched) -> dict[str, Any]:
+    """What a result file records of a replayed schedule."""
+    return {"path": path, "source": sched.source if sched else None,
+            "skip_fraction": sched.skip_fraction if sched else None,
+            "route_fractions": sched.route_fractions if sched else None,
+            "attention_fp8_fraction": sched.attention_fp8_fraction if sched else None}
 
 
 def record_schedule(model: str, device, out: Path, tdc_threshold: float | None, tdc_budget: float | None, *,
@@ -275,6 +307,11 @@ def render(results: dict, out: Path, name: str | None) -> None:
           "the bytes the transformer keeps on the device: packed 4/8-bit weights plus the layers that stay 16-bit "
           "(embedders, norms, and by default the modulation linears). *8-bit attn*: share of computed block "
           "evaluations whose attention ran the FP8 kernel. " + _attention_note(results.get("schedule")), ""]
+    for row, info in (results.get("row_schedules") or {}).items():
+        md += [f"- `{row}` replays its own schedule `{Path(info['path']).name}` ({info['skip_fraction']:.0%} of the "
+               f"block evaluations skipped; {_route_note(info)}; {_attention_note(info)})"]
+    if results.get("row_schedules"):
+        md += [""]
     for size, rec in results["models"].items():
         base = rec["configs"].get("bf16", {}).get("denoise_s")
         c = rec.get("call", {})
@@ -314,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=720)
     p.add_argument("--configs", nargs="*", choices=SPEED_CONFIGS)
     p.add_argument("--schedule", default=str(RESULTS / "schedule_mini.json"))
+    p.add_argument("--row-schedule", nargs="*", default=None, metavar="CONFIG=PATH",
+                   help="a row that replays another schedule than --schedule (e.g. tdc_attn=schedule_mini_50_attn.json)")
     p.add_argument("--record-schedule", default=None, metavar="MODEL",
                    help="first record the full method's skip schedule on MODEL (a sixbit-mini folder) and replay it")
     p.add_argument("--record-config", default="full", choices=SPEED_CONFIGS[2:],

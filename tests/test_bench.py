@@ -118,6 +118,34 @@ def test_speed_replays_the_attention_routes(out, one_thread):
     assert "| 8-bit attn |" in md and f"{4 / 7:.0%} of the computed block evaluations 8-bit" in md
 
 
+def test_speed_row_schedules(out, one_thread):
+    """--row-schedule CONFIG=PATH: that row replays its own schedule in the same run (the others --schedule);
+    a wrong spec, a row not in --configs, a missing file or a schedule of another scope are refused up front."""
+    from sixbit.tdc import SkipSchedule
+
+    n_steps, n_blocks = 3, 3
+    every = SkipSchedule(n_blocks, n_steps, {"cond_uncond": [[True] * 3] * 3}, {"model": "test"})
+    some = SkipSchedule(n_blocks, n_steps, {"cond_uncond": [[True] * 3, [True, False, False], [True] * 3]},
+                        {"model": "test"})
+    p_every, p_some = every.save(out / "every.json"), some.save(out / "some.json")
+    args = ["--sizes", "tiny", "--steps", str(n_steps), "--frames", "9", "--height", "32", "--width", "32",
+            "--warmup-steps", "1", "--device", "cpu", "--out", str(out)]
+    speed.main([*args, "--configs", "tdc_only", "full", "--schedule", str(p_every),
+                "--row-schedule", f"full={p_some}", "--name", "rs"])
+    data = json.loads((out / "rs.json").read_text())
+    cfgs = data["models"]["tiny"]["configs"]
+    assert cfgs["tdc_only"]["schedule"] == str(p_every) and cfgs["full"]["schedule"] == str(p_some)
+    assert cfgs["tdc_only"]["skip_fraction"] == 0 and cfgs["full"]["skip_fraction"] == pytest.approx(2 / 9)
+    assert data["row_schedules"]["full"]["skip_fraction"] == pytest.approx(2 / 9)
+    assert "`full` replays its own schedule `some.json` (22%" in (out / "rs.md").read_text()
+    for bad, match in ((["full"], "CONFIG=PATH"), ([f"tdc_attn={p_some}"], "not one of --configs"),
+                       ([f"full={out / 'none.json'}"], "no schedule file"),
+                       ([f"tdc_attn={p_some}"], "tdc_attn")):
+        configs = ["full", "tdc_attn"] if bad[0].startswith("tdc_attn") and match == "tdc_attn" else ["full"]
+        with pytest.raises(SystemExit, match=match):
+            speed.main([*args, "--configs", *configs, "--row-schedule", *bad, "--name", "bad"])
+
+
 def test_weights_counts_packed_bytes(out, monkeypatch):
     # the real sizes take minutes on 2 cores; a small CogVideoX has the same structure
     monkeypatch.setitem(common.SIZES, "2b", dict(num_attention_heads=2, attention_head_dim=32, num_layers=2,

@@ -173,6 +173,20 @@ def test_quality_summary_uses_the_quality_benchmarks_prompts(tmp_path):
     with pytest.raises(SystemExit, match="fbc_0.1"):
         main(["quality", "--steps", "3", "--prompts", "2", "--seeds", "1", "--summarize-only", "--run-dir",
               str(tmp_path / "run"), "--out", str(tmp_path), "--name", "q"])
+    # --carry-missing keeps it as it was, marked with the file's date, and lists it in the markdown
+    res["rows"]["fbc_0.1"] = {"name": "fbc_0.1", "label": "FBC 0.1", "n": 2, "command": "python -m old",
+                              "summary": {m: {"mean": 40.0, "std": 1.0, "n": 2} for m in
+                                          ("psnr", "ssim", "flow_error", "adherence", "computed_fraction", "time_s")}}
+    (tmp_path / "q.json").write_text(json.dumps(res))
+    main(["quality", "--steps", "3", "--prompts", "2", "--seeds", "1", "--summarize-only", "--carry-missing",
+          "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path), "--name", "q"])
+    again = json.loads((tmp_path / "q.json").read_text())
+    assert again["rows"]["fbc_0.1"]["carried"] == res["environment"]["date"] and "fbc_0.1" not in again["not_run"]
+    assert again["rows"]["fbc_0.1"]["summary"]["psnr"]["mean"] == 40.0 and "python -m old" in again["commands"]
+    assert "(`--carry-missing`): fbc_0.1" in (tmp_path / "q.md").read_text()
+    with pytest.raises(SystemExit, match="other prompts or seeds"):  # carried rows must be of the same videos
+        main(["quality", "--steps", "3", "--prompts", "2", "--seeds", "2", "--summarize-only", "--carry-missing",
+              "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path), "--name", "q"])
 
 
 def test_goal_front_and_interpolation():
