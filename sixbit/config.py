@@ -58,7 +58,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixbit.routes import INT8, STATIC, W8A8
+from sixbit.routes import FP16, INT8, STATIC, W8A8
 
 __all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
 
@@ -249,6 +249,17 @@ class SixBitConfig:
         "sixbit.calibrate`), 'steps' when the policy has none (docs/TDC.md §8).",
         choices=("fixed", "steps", "profile"),
         label="TDC threshold rule",
+    )
+    tdc_probe_route: str = _f(
+        FP16,
+        "Step-mode TDC with DMPQ: the probe block's linears (its attention then runs bf16). 'fp16' (default) = "
+        "16-bit activations (with the original "
+        "weights offloaded: 4-bit weights × 16-bit activations); 'int8' = INT8 activations every step; 'policy' "
+        "= DMPQ like every block (before session 11). The probe's delta only decides, it is never "
+        "reused; a quantized probe's step-to-step drift has a noise floor (NVFP4 rounding, route changes) that "
+        "a tight threshold never gets under (docs/TDC.md §9).",
+        choices=("policy", INT8, FP16),
+        label="TDC probe route",
     )
     tdc_threshold_steps: int = _f(
         20, "Step mode, rules 'steps'/'profile': the step count the probe thresholds are given for.", min=1,

@@ -77,13 +77,14 @@ class Routing:
 
 def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: bool = False,
           fits: list[LinearFit] | None = None, tau: float | None = None, outlier_ratio: float | None = None,
-          rho: float | None = None, replayed: list[str] | None = None) -> Routing:
+          rho: float | None = None, replayed: list[str] | None = None, probe: bool = False) -> Routing:
     """The routes of a computed block's ``n`` routed layers at ``step`` (see the module docstring).
 
     ``gamma``: Γ at the block's last computed step (None before the first); ``skipped_last``: the previous
     evaluation was a skip; ``fits``/``tau``: the layers' calibrated lines and τ (DMPQ only);
     ``outlier_ratio``: the block input's, when PDR checked it (``pdr.applies``), with ``rho`` its
-    threshold; ``replayed``: the routes a replayed schedule recorded for this cell."""
+    threshold; ``replayed``: the routes a replayed schedule recorded for this cell; ``probe``: the cell is
+    step-mode TDC's probe, routed ``cfg.tdc_probe_route`` unless that is ``"policy"``."""
 
     def every(r: str, mode: str, fired: bool = False) -> Routing:
         return Routing(mode, [r] * n, [None] * n, fired)
@@ -94,6 +95,8 @@ def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: b
         return every(FP16, "warmup")
     if cfg.quant in STATIC:
         return every(STATIC[cfg.quant], "static")
+    if probe and cfg.tdc_probe_route != "policy" and replayed is None:
+        return every(cfg.tdc_probe_route, "probe")
     if outlier_ratio is not None and pdr.purify(outlier_ratio, rho) and replayed is None:
         return every(FP16, "pdr", fired=True)
     if replayed is not None:  # recorded routes (PDR's check above is still paid, as in a live run)
@@ -125,6 +128,8 @@ def attention_route(cfg, routing: Routing, *, gamma: float | None = None, skippe
         return AttentionRouting("bf16", None, "off")
     if routing.mode in ("fp", "warmup", "pdr"):
         return AttentionRouting("bf16", None, "full_precision")
+    if routing.mode == "probe":  # the probe decides from its delta: no 8-bit noise in it either
+        return AttentionRouting("bf16", None, "probe")
     if replayed is not None:
         return AttentionRouting(replayed, None, "replay")
     if cfg.attention == "fp8":

@@ -29,7 +29,7 @@ Conventions:
 * ``gamma`` is Γ measured at this step (the next step routes with it); ``delta_sim`` the block's current
   delta change rate (see ``sixbit.tdc``); ``acc_err`` the accumulated skip error after this step (0 after
   a computed step); ``outlier_ratio`` the block-input outlier ratio when PDR checked it, else null.
-  ``mode`` says why the block ran as it did: ``warmup``, ``dmpq``, ``after_skip`` (INT8, no fresh Γ),
+  ``mode`` says why the block ran as it did: ``warmup``, ``dmpq``, ``after_skip`` (INT8, no fresh Γ), ``probe`` (step mode's probe, ``tdc_probe_route``),
   ``pdr``, ``static``, ``fp`` (quantization off), ``skip``, ``replay`` (routes from a recorded schedule).
   ``tdc`` says what TDC did (``compute``, ``reuse``, ``forecast``, the probe's ``probe_*``, ``tail_compute``); with
   ``tdc_scope="attention"`` a skipped cell is ``attn_reuse`` / ``attn_forecast``: ``computed`` *and* ``skipped``

@@ -146,6 +146,22 @@ def test_speed_row_schedules(out, one_thread):
             speed.main([*args, "--configs", *configs, "--row-schedule", *bad, "--name", "bad"])
 
 
+def test_tdc_probe_records_the_probe_drift_per_route(out, one_thread):
+    from benchmarks import tdc_probe
+
+    assert tdc_probe.parse_row('full:tdc_probe_route=int8,tdc_probe_threshold=0.1') == (
+        "full", {"tdc_probe_route": "int8", "tdc_probe_threshold": 0.1})
+    with pytest.raises(SystemExit, match="field=value"):
+        tdc_probe.parse_row("full:oops")
+    tdc_probe.main(["--steps", "4", "--rows", "full", "full:tdc_probe_route=policy", "--out", str(out), "--name", "tp"])
+    data = json.loads((out / "tp.json").read_text())
+    fp, pol = data["rows"]
+    assert [s["mode"] for s in fp["steps"][1:]] == ["probe"] * 3  # after the warm-up step: the probe's own route
+    assert "probe" not in {s["mode"] for s in pol["steps"]}
+    assert all(s["drift"] is not None for s in fp["steps"][1:]) and fp["steps"][0]["drift"] is None
+    assert "| `full:tdc_probe_route=policy` |" in (out / "tp.md").read_text()
+
+
 def test_weights_counts_packed_bytes(out, monkeypatch):
     # the real sizes take minutes on 2 cores; a small CogVideoX has the same structure
     monkeypatch.setitem(common.SIZES, "2b", dict(num_attention_heads=2, attention_head_dim=32, num_layers=2,

@@ -364,6 +364,8 @@ def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(
     generate(pipe, num_inference_steps=8)
     d = handle.trace.to_dict()
     assert d["summary"]["skip_fraction"] > 0
+    n_probe = sum(1 for name in d["linears"] if name.startswith(d["blocks"][0] + "."))
+    assert n_probe > 0
     n_after = 0
     for t, s in enumerate(d["steps"]):
         for b, blk in enumerate(s["blocks"]):
@@ -378,6 +380,9 @@ def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(
             # "the step after a skip" is the block's own previous evaluation skipped: no fresh Γ → INT8
             if blk["pdr"]:
                 assert blk["mode"] == "pdr"
+            elif mode == "step" and b == 0:  # the probe: 16-bit activations, bf16 attention (tdc_probe_route)
+                assert blk["mode"] in ("probe", "warmup"), (t, blk)
+                assert set(d["steps"][t]["routes"][:n_probe]) <= {"fp16", "w4a16"}, d["steps"][t]["routes"]
             elif prev is not None and prev["skipped"]:
                 n_after += 1
                 assert blk["mode"] == "after_skip"

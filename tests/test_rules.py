@@ -65,6 +65,21 @@ def test_pdr_fires_above_rho_and_yields_to_a_replayed_route():
     assert (rep.mode, rep.routes, rep.pdr) == ("replay", ["int8", "fp16", "nvfp4"], False)
 
 
+def test_the_probe_runs_its_own_route_after_warmup_and_static_and_yields_to_a_replay():
+    """tdc_probe_route: step mode's probe block runs 16-bit (default) or INT8 activations every step, its
+    attention bf16 — its delta only decides, and a quantized probe's drift has a noise floor (docs/TDC.md §9)."""
+    p = route(cfg(), gamma=0.1, probe=True)
+    assert (p.mode, p.routes, p.pred_err) == ("probe", ["fp16"] * N, [None] * N)
+    assert route(cfg(tdc_probe_route="int8"), gamma=0.1, probe=True).routes == ["int8"] * N
+    assert route(cfg(tdc_probe_route="policy"), gamma=0.1, probe=True).mode == "dmpq"
+    assert route(cfg(), gamma=0.1, skipped_last=True, probe=True).mode == "probe"  # the probe never skips anyway
+    assert route(cfg(), step=0, probe=True).mode == "warmup"
+    assert route(cfg(quant="w8a8"), probe=True).mode == "static"  # static configs: every block the same
+    assert route(cfg(), probe=True, replayed=["int8", "nvfp4", "int8"]).mode == "replay"
+    a = dmpq.attention_route(cfg(attention="policy"), p, gamma=0.1, fit=LinearFit(0.0, 0.0), tau_attn=1.0)
+    assert (a.route, a.why) == ("bf16", "probe")
+
+
 def test_after_a_skip_or_without_gamma_every_layer_runs_int8():
     a = route(cfg(), gamma=0.1, skipped_last=True)
     assert (a.mode, a.routes, a.pred_err) == ("after_skip", ["int8"] * N, [None] * N)
