@@ -82,13 +82,15 @@ STEP_OUTLIER_RATIO = 1.2
 
 def step_kinds(trace: dict | None, n_steps: int) -> list[int]:
     """Per step, its kind: the number of block evaluations computed in it (all branches) — from a sixbit
-    trace; without one (the bf16 rows) every step computes everything and is of one kind."""
+    trace; without one (the bf16 rows) every step computes everything and is of one kind. A cell of TDC's
+    attention scope that reused its attention (computed *and* skipped) is not counted: it costs a fraction
+    of a computed one."""
     if trace is None:
         return [0] * n_steps
     kinds = []
     for st in trace["steps"][:n_steps]:
         branches = [st, *(st.get("other_branches") or {}).values()]
-        kinds.append(sum(1 for br in branches for b in br.get("blocks", []) if b and b.get("computed")))
+        kinds.append(sum(1 for br in branches for b in br.get("blocks", []) if b and b.get("computed") and not b.get("skipped")))
     return kinds + [0] * (n_steps - len(kinds))
 
 

@@ -267,3 +267,6 @@ def test_step_check_flags_a_slow_step_against_its_own_kind():
                        {"blocks": [{"computed": True}, {"computed": True}],
                         "other_branches": {"uncond": {"blocks": [{"computed": False}, {"computed": True}]}}}]}
     assert speed.step_kinds(trace, 2) == [1, 3] and speed.step_kinds(None, 3) == [0, 0, 0]
+    # attention scope: a cell that reused its attention (computed and skipped) is not a computed one
+    reused = {"steps": [{"blocks": [{"computed": True, "skipped": False}, {"computed": True, "skipped": True}]}] * 2}
+    assert speed.step_kinds(reused, 2) == [1, 1]
