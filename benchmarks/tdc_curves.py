@@ -145,8 +145,9 @@ def curves(args) -> None:
     def write() -> str:
         """Publish every finished point (after each one: an interrupted sweep leaves a complete file)."""
         payload = {"benchmark": "tdc_curves", "generation": gen, "prompts": prompts, "seeds": args.seeds,
+                   # the variants with a finished point (published after each point, before the later variants)
                    "variants": {v: {"preset": VARIANTS[v][0], "fields": VARIANTS[v][1], "knob": VARIANTS[v][2]}
-                                for v in args.variants},
+                                for v in args.variants if results.get(v)},
                    "default": args.default if args.default in args.variants else None,
                    "fp32_adherence": stats(ref_adh), "environment": environment("cpu", args.command),
                    "results": {k: sorted(results[k], key=lambda r: r["knob"]) if k != "dmpq_only" else results[k]

@@ -73,6 +73,9 @@ of one step shrinks about as 1/N with N steps, so a fixed threshold skips more t
   ``tdc_forecast_steps``, where neighbouring steps' deltas are close enough to extrapolate, with the
   threshold ``tdc_forecast_threshold`` (a forecast is closer than the last reference, so the same drift
   needs a lower bar); ``"last"`` with ``tdc_probe_threshold`` below. Block mode resolves it to ``"last"``.
+* ``tdc_probe_route`` (with DMPQ) — the probe's linears run ``"fp16"`` activations (default) or ``"int8"``, not
+  DMPQ's routes, and its attention bf16 (:func:`sixbit.dmpq.route` ``probe=True``): a quantized probe's drift
+  has a noise floor above the thresholds at many steps (docs/TDC.md §9); its delta only decides.
 
 All statistics are additive sums (``delta_change_sums``), read through ``Run.read``.
 
