@@ -469,7 +469,7 @@ class BlockHook(ModelHook):
             oratio = pdr.outlier_ratio(*self.run.read(pdr.outlier_sums(streams, cfg.pdr_k_sigma, counter)))
         routing = dmpq.route(cfg, i, len(self.linears), gamma=st.gamma, skipped_last=st.skipped_last,
                              fits=self.fits, tau=self.method.tau, outlier_ratio=oratio, rho=self.method.rho,
-                             replayed=replayed, probe=self.probes())
+                             replayed=replayed, probe=cfg.tdc and self.probes())
         return routing, oratio
 
     def _route_attention(self, call: Call, st: BlockState, routing: dmpq.Routing) -> dmpq.AttentionRouting:

@@ -39,7 +39,9 @@ def _attention_rows(trace: dict) -> list[list[dict]]:
 
 def test_policy_routes_attention_per_block_and_step_and_the_trace_records_it(pipe):
     pol = _policy(pipe)
-    cfg = SixBitConfig(warmup_steps=1, tdc_first=1, tdc_threshold=10.0, tdc_probe_threshold=10.0, pdr=False)
+    # the probe routed by the policy too (its default 16-bit route is tested in test_probe_route_…)
+    cfg = SixBitConfig(warmup_steps=1, tdc_first=1, tdc_threshold=10.0, tdc_probe_threshold=10.0, pdr=False,
+                       tdc_probe_route="policy")
     ref = generate(pipe, num_inference_steps=STEPS)
     with sixbit.apply(pipe, cfg, policy=pol) as h:
         out = generate(pipe, num_inference_steps=STEPS)
@@ -71,6 +73,23 @@ def test_policy_routes_attention_per_block_and_step_and_the_trace_records_it(pip
         generate(pipe, num_inference_steps=STEPS)
         again = h.trace.to_dict()
     assert [[a["route"] for a in row] for row in _attention_rows(again)] == [[a["route"] for a in row] for row in rows]
+
+
+def test_probe_route_runs_the_probe_16bit_with_bf16_attention(pipe):
+    """tdc_probe_route="fp16" (default): step mode's probe block runs 16-bit activations and bf16 attention after
+    the warm-up, traced mode "probe"; with TDC off (dmpq_only) block 0 is an ordinary DMPQ block."""
+    cfg = SixBitConfig(warmup_steps=1, tdc_first=1, tdc_threshold=10.0, tdc_probe_threshold=10.0, pdr=False)
+    with sixbit.apply(pipe, cfg, policy=_policy(pipe)) as h:
+        generate(pipe, num_inference_steps=STEPS)
+        tr = h.trace.to_dict()
+    rows = _attention_rows(tr)
+    for t in range(1, STEPS):
+        assert tr["steps"][t]["blocks"][0]["mode"] == "probe"
+        assert (rows[t][0]["route"], rows[t][0]["why"]) == ("bf16", "probe")
+    with sixbit.apply(pipe, SixBitConfig.preset("dmpq_only"), policy=_policy(pipe)) as h:
+        generate(pipe, num_inference_steps=STEPS)
+        modes = {s["blocks"][0]["mode"] for s in h.trace.to_dict()["steps"][1:]}
+    assert "probe" not in modes
 
 
 @pytest.mark.parametrize("after,why", [("fp8", "after_skip_fp8"), ("policy", "stale_policy")])
