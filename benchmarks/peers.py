@@ -249,13 +249,12 @@ def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
                            "blocks × steps), the same forward hook for every row (benchmarks/peers_rows.py)"}
     from benchmarks.peers_report import quality_markdown
 
-    payload["commands"] = list(dict.fromkeys(r["command"] for r in rows.values() if r.get("command")))
     name = args.name or f"peers_mini_{args.steps}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if getattr(args, "carry_missing", False):
         _carry_rows(out / f"{name}.json", payload)
-        payload["commands"] = list(dict.fromkeys(r["command"] for r in payload["rows"].values() if r.get("command")))
+    payload["commands"] = list(dict.fromkeys(r["command"] for r in payload["rows"].values() if r.get("command")))
     _keep_rows(out / f"{name}.json", payload, run, args.drop_missing)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     md = quality_markdown(payload)

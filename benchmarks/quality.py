@@ -45,6 +45,7 @@ ATTENTION_CONFIGS = ("full_attn_as_policy", "full_attn_as_fp8", "full_attn_as_po
                      "full_attn_fp8", "fast")
 #: opt-in rows: TDC's attention scope (docs/TDC.md §7)
 SCOPE_CONFIGS = ("tdc_attn", "full_attn")
+ROW_CHOICES = QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)
@@ -175,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=12, help="number of evaluation prompts (in-grammar)")
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--steps", type=int, default=None, help="override num_inference_steps")
-    p.add_argument("--configs", nargs="*", choices=QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS)
+    p.add_argument("--configs", nargs="*", choices=ROW_CHOICES)
     p.add_argument("--tdc-threshold", type=float, default=None, help="override for every configuration with TDC")
     p.add_argument("--tdc-budget", type=float, default=None, help="override for every configuration with TDC")
     p.add_argument("--pdr-rho", type=float, default=None,
                    help="PDR's outlier-ratio threshold ρ for every configuration with PDR (default: the policy's)")
-    p.add_argument("--schedule-config", default="full", choices=QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS,
+    p.add_argument("--schedule-config", default="full", choices=ROW_CHOICES,
                    help="the row whose first run's skip schedule is written (<name>_schedule.json)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=str(RESULTS))

@@ -125,13 +125,17 @@ def speed(args) -> dict:
         args.schedule = str(record_schedule(args.record_schedule, device, out, args.tdc_threshold, args.tdc_budget,
                                             config=args.record_config, steps=args.record_steps))
     sched = SkipSchedule.load(args.schedule) if args.schedule else None
-    row_paths = row_schedules(getattr(args, "row_schedule", None), args.configs or SPEED_CONFIGS)
+    configs = args.configs or SPEED_CONFIGS
+    row_paths = row_schedules(getattr(args, "row_schedule", None), configs)
     row_sched = {n: SkipSchedule.load(path) for n, path in row_paths.items()}
     # a schedule replays only under the scope it was recorded with (whole blocks / attention)
-    wrong = [(n, path) for n in args.configs or SPEED_CONFIGS if n not in ("bf16", *ENGINEERING_ONLY)
-             and make_config(n).tdc
-             for s_, path in [(row_sched.get(n, sched), row_paths.get(n, args.schedule))]
-             if s_ is not None and make_config(n).tdc_scope != s_.scope]
+    wrong = []
+    for n in configs:
+        if n in ("bf16", *ENGINEERING_ONLY):
+            continue
+        cfg, replays = make_config(n), row_sched.get(n, sched)
+        if cfg.tdc and replays is not None and cfg.tdc_scope != replays.scope:
+            wrong.append((n, row_paths.get(n, args.schedule)))
     if wrong:
         raise SystemExit("these --configs have another tdc_scope than the schedule they would replay: "
                          + ", ".join(f"{n} ({path})" for n, path in wrong)

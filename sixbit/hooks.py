@@ -330,8 +330,7 @@ class BlockHook(ModelHook):
         for m, r in zip(self.layers, routing.routes):
             m.route = r
         attn = self._route_attention(call, st, routing)
-        capture = self.attention_scope() and not self.probes() and not self.tail() and (
-            self.method.cfg.tdc or self.method.schedule is not None)
+        capture = self.attention_scope() and not self.probes() and self.caches()
         output = self._forward("capture" if capture else None, st, streams, args, kwargs)
         decision = self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
         self._record(call, st, routing, oratio, decision)
@@ -352,6 +351,11 @@ class BlockHook(ModelHook):
             self.run.schedule_overrides += 1
             return False
         return skip
+
+    def caches(self) -> bool:
+        """This block keeps what a skip reuses or decides from (a delta, or in attention scope its attention
+        output): TDC on or a replayed schedule, and not a tail block (which computes every step)."""
+        return (self.method.cfg.tdc or self.method.schedule is not None) and not self.tail()
 
     def attention_scope(self) -> bool:
         """``tdc_scope="attention"``: a skipped cell runs the block with its self-attention's cached output."""
@@ -497,7 +501,7 @@ class BlockHook(ModelHook):
         cfg = self.method.cfg
         probe = self.probes()
         # attention scope: only the probe keeps its delta (the decision's reference); the others cache attention
-        keep = (cfg.tdc or self.method.schedule is not None) and not self.tail() and (probe or not self.attention_scope())
+        keep = self.caches() and (probe or not self.attention_scope())
         compare = cached and keep
         linear = tdc.resolve_reuse(cfg, call.num_steps) == "linear"
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
