@@ -8,6 +8,7 @@ Every result file carries :func:`environment` (device, versions, the exact comma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -155,6 +156,71 @@ def sync(device) -> None:
 
 
 # ----------------------------------------------------------------------------------------- rows
+
+
+@contextlib.contextmanager
+def compile_log():
+    """Record every Triton JIT compile inside the ``with`` (Triton's ``knobs.runtime.jit_cache_hook``, called on
+    an in-memory cache miss before compiling): yields a list of ``(time.perf_counter(), kernel repr)``.
+    A disk-cache hit still counts (loading a compiled kernel is first-use work too). Triton without the
+    hook (or not installed): the list stays empty and ``None`` is appended, so a reader can tell."""
+    log: list = []
+    try:
+        from triton import knobs
+    except Exception:  # no triton, or a triton before knobs
+        log.append(None)
+        yield log
+        return
+    prev = knobs.runtime.jit_cache_hook
+
+    def hook(*args, **kwargs):
+        log.append((time.perf_counter(), str(kwargs.get("repr", "?"))))
+        return prev(*args, **kwargs) if prev is not None else None  # None: compile as usual
+
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        yield log
+    finally:
+        knobs.runtime.jit_cache_hook = prev
+
+
+@contextlib.contextmanager
+def gc_log(min_s: float = 0.01):
+    """Record the Python garbage collector's pauses of at least ``min_s`` inside the ``with``
+    (``gc.callbacks``): yields a list of ``(time.perf_counter() at the end, kernel-style label, seconds)``,
+    the label ``"gc gen<N>"``. Before the block the heap is collected and frozen (``gc.freeze``: what exists
+    now — the pipeline, the model, Triton's caches — is never scanned again), so a pause inside is the
+    loop's own garbage; unfrozen afterwards."""
+    import gc
+
+    log: list = []
+    start: list[float] = []
+
+    def cb(phase, info):
+        if phase == "start":
+            start[:] = [time.perf_counter()]
+        elif start:
+            dt = time.perf_counter() - start[0]
+            if dt >= min_s:
+                log.append((time.perf_counter(), f"gc gen{info.get('generation')}", dt))
+
+    gc.collect()
+    gc.freeze()
+    gc.callbacks.append(cb)
+    try:
+        yield log
+    finally:
+        gc.callbacks.remove(cb)
+        gc.unfreeze()
+
+
+def compiles_by_step(log: list, marks: list[float]) -> list[dict[str, Any]] | None:
+    """``compile_log``'s entries as ``[{"step", "kernel"}]`` given a loop's ``marks`` (its start, then every
+    step's end); ``None`` where the log could not be taken. Step −1 = before the loop started."""
+    if None in log:
+        return None
+    return [{"step": int(np.searchsorted(marks, e[0])) - 1, "kernel": e[1][:300], **({"s": e[2]} if len(e) > 2 else {})}
+            for e in log]
 
 
 def make_config(name: str, **extra):

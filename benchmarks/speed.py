@@ -30,8 +30,11 @@ import torch
 from benchmarks.common import (
     LABELS,
     RESULTS,
+    compile_log,
+    compiles_by_step,
     env_md,
     environment,
+    gc_log,
     make_config,
     module_bytes,
     num_blocks,
@@ -56,9 +59,10 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
 ENGINEERING_ONLY = ("bf16_fast_attn",)
 
 
-def _run_denoise(pipe, call: dict, steps: int, device) -> tuple[float, list[float]]:
-    """Time one denoising loop (latent output); per-step times from a synchronizing step callback."""
-    marks: list[float] = []
+def _run_denoise(pipe, call: dict, steps: int, device, marks: list[float] | None = None) -> tuple[float, list[float]]:
+    """Time one denoising loop (latent output); per-step times from a synchronizing step callback
+    (``marks``, when given, receives the loop's start and every step's end, ``time.perf_counter``)."""
+    marks = [] if marks is None else marks
 
     def cb(p, i, t, kw):
         sync(device)
@@ -67,11 +71,11 @@ def _run_denoise(pipe, call: dict, steps: int, device) -> tuple[float, list[floa
 
     sync(device)
     t0 = time.perf_counter()
+    marks.append(t0)
     pipe(**call, num_inference_steps=steps, output_type="latent", callback_on_step_end=cb)
     sync(device)
     total = time.perf_counter() - t0
-    edges = [t0, *marks]
-    return total, [b - a for a, b in zip(edges, edges[1:])]
+    return total, [b - a for a, b in zip(marks, marks[1:])]
 
 
 
@@ -179,10 +183,16 @@ def speed(args) -> dict:
                 _run_denoise(pipe, call, args.steps if args.warmup_steps is None else args.warmup_steps, device)
                 entry["warmup_s"] = time.perf_counter() - t_warm
                 if device.type == "cuda":
-                    torch.cuda.empty_cache()
+                    # no empty_cache(): it would hand the warm-up's blocks back to the driver, and the first
+                    # timed step would pay the cudaMalloc calls again (session 11: step 0 at 1.18-1.24x in
+                    # every row, the bf16 baseline's included); the peak below counts allocated bytes
                     torch.cuda.reset_peak_memory_stats(device)
-                total, steps = _run_denoise(pipe, call, args.steps, device)
-                entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)))
+                marks: list[float] = []
+                with compile_log() as compiled, gc_log() as paused:
+                    total, steps = _run_denoise(pipe, call, args.steps, device, marks)
+                entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)),
+                             compiles_timed=compiles_by_step(compiled, marks),
+                             gc_pauses_timed=compiles_by_step(paused, marks))
                 trace = handle.trace.to_dict() if handle is not None else None
                 entry["step_check"] = step_outliers(steps, step_kinds(trace, len(steps)))
                 if device.type == "cuda":
@@ -287,11 +297,17 @@ def _attention_note(sched: dict | None) -> str:
     return f"The schedule's attention routes: {fr:.0%} of the computed block evaluations 8-bit (replayed)."
 
 
-def _check_cell(check: dict | None) -> str:
+def _check_cell(check: dict | None, compiles: list | None = None, pauses: list | None = None) -> str:
     if not check:
         return "—"
     bad = check["outliers"]
-    return f"{check['worst']:.2f}" + (f" ⚠ {len(bad)} step(s) > {check['ratio']}×" if bad else "")
+    cell = f"{check['worst']:.2f}" + (f" ⚠ {len(bad)} step(s) > {check['ratio']}×" if bad else "")
+    if compiles:  # Triton compiles inside the timed loop (None: not recorded; []: none)
+        steps = sorted({c["step"] for c in compiles})
+        cell += f" · {len(compiles)} Triton compile(s) timed, step(s) {', '.join(map(str, steps))}"
+    if pauses:  # garbage-collector pauses ≥ 10 ms inside the timed loop
+        cell += " · GC " + ", ".join(f"{p['s'] * 1e3:.0f} ms at step {p['step']}" for p in pauses)
+    return cell
 
 
 def _fmt_s(v) -> str:
@@ -303,7 +319,7 @@ def render(results: dict, out: Path, name: str | None) -> None:
     file with the current renderer)."""
     env = results["environment"]
     md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
-          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise). Random weights "
+          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise); before the timed loop the Python heap is collected and frozen (`gc.freeze`), and the *slowest step* column names every Triton compile and every garbage-collector pause ≥ 10 ms inside it. Random weights "
           "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
           "sixbit-mini** with the full method (resampled to this depth and step count): which blocks are skipped "
           "and, for the DMPQ configurations, each computed block's routes (NVFP4 / INT8 / 16-bit for PDR), "
@@ -337,7 +353,7 @@ def render(results: dict, out: Path, name: str | None) -> None:
                       f"{e['denoise_s']:.1f} | {e['step_median_s'] * 1e3:.0f} | {sp} | "
                       f"{e.get('skip_fraction', 0):.0%} | {e.get('avg_act_bits', 16):.2f} | "
                       f"{e.get('attention_fp8', 0):.0%} | {e.get('peak_mem_bytes', 0) / 2**30:.2f} | "
-                      f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | {_check_cell(e.get('step_check'))} | "
+                      f"{wb / 2**30:.2f} ({bf16_w / wb:.2f}× smaller) | {_check_cell(e.get('step_check'), e.get('compiles_timed'), e.get('gc_pauses_timed'))} | "
                       f"{_fmt_s(e.get('kernels_compiled_s'))} | "
                       f"{e.get('compute_path', 'torch bf16')} |")
         md.append("")

@@ -159,7 +159,10 @@ def _rows_stats(x, r, kk, valid, tok64, q_ptr, stride_qm, K, amax_tok, sumsq,
     return amax_tok, sumsq
 
 
-@triton.jit
+# the row count is not specialised: PDR's outlier count runs per stream (CogVideoX-2B: 2 × 226 text and
+# 2 × 17,550 video rows, not multiples of 16) and the warm-up's 1024 rows would otherwise compile another
+# variant than the run meets (session 12: a 0.5 s compile inside step 8 of a timed 2B run)
+@triton.jit(do_not_specialize=["M"])
 def _rows_kernel(
     x_ptr, q_ptr, scale_ptr, amax_ptr, count_ptr,
     M, K, stride_xm, stride_qm, k_sigma,

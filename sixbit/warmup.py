@@ -24,7 +24,9 @@ device *is* its self-check (``kernels/selfcheck.py``: the check runs the kernel 
 caller's width and compares it with the torch reference), so a warmed route is checked and compiled and
 the run's first real call finds both cached. Rows: ``rows`` (default :data:`ROWS`, a multiple of 16 and in
 the GEMMs' large size class, like a real video's M = 2 × 17,776) — a run whose row count is not a multiple
-of 16, or below the large class, may still compile once more.
+of 16, or below the large class, may still compile a GEMM once more (the token-resident quantization
+kernel — PDR's per-stream outlier count included — and the fused norm producer do not specialise on the
+row count, so the small problem compiles what a video meets).
 
 On the CPU it does nothing unless asked (``force=True``: the plan runs on the torch reference, or in
 Triton's interpreter under ``selfcheck.interpreter_dispatch`` — what the tests use to count the visits).

@@ -116,8 +116,16 @@ def test_norm_modulate_dense_codes_and_no_affine(k):
         parts = _parts(2, 4, 19, k, seed=5, dtype=dtype)
         q8, _ = nq.norm_modulate(_to(parts, DEV), None, None, 1e-6, 128)
         q16, y = nq.norm_modulate(_to(parts, DEV), None, None, 1e-6, 128, dense=True)
-        assert y is None and q16.data.dtype == torch.float16
-        assert torch.equal(q16.data.float(), q8.data.float()) and torch.equal(q16.scale, q8.scale)
+        assert y is None and q16.data.dtype == torch.float16 and torch.equal(q16.scale, q8.scale)
+        if DEV == "cpu":
+            assert torch.equal(q16.data.float(), q8.data.float())
+        else:
+            # two compiled variants: the rotation is an MMA whose layout the compiler picks per variant, so a
+            # rotated value can round differently in its last bit and land one code away at a tie (H200,
+            # K = 3072: 3 of 141,312 codes, session 12) — both within the spec's tolerance below
+            d = (q16.data.float() - q8.data.float()).abs()
+            assert float(d.max()) <= 1 and float((d > 0).float().mean()) < 1e-3
+            _close_codes(q16, spec.norm_modulate_int8(parts, None, None, 1e-6, 128), what=f"{dtype} fp16 codes")
         _close_codes(q8, spec.norm_modulate_int8(parts, None, None, 1e-6, 128), what=str(dtype))
 
 
