@@ -261,6 +261,8 @@ def peer_markdown(payload: dict) -> list[str]:
           "skipped = 1 − the arena's computed fraction, the same count):", ""]
     if default is None:
         return md + ["(no default variant in this sweep)"]
+    if default not in payload["results"]:  # published after each finished variant: the default may come later
+        return md + [f"(the default variant {default!r} has not finished yet)"]
     curves = {"all": payload["results"][default]}
     matched = on_cells(payload, default, peers.get("cells"))
     if matched is not None:  # the peers ran fewer cells: the same curve on exactly their prompts and seeds too

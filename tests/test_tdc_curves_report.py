@@ -69,3 +69,15 @@ def test_a_peer_file_with_fewer_cells_is_also_compared_on_exactly_its_cells():
     assert [(p["skip_fraction"]["mean"], p["psnr"]["mean"]) for p in pts] == [(0.3, 50.0), (0.3, 40.0)]
     assert tdc_curves.on_cells(payload, "step", [["p1", 0], ["p2", 0]]) is None  # the same cells: nothing to add
     assert tdc_curves.on_cells(payload, "step", [["p3", 0]]) is None  # not a subset
+
+
+def test_publish_before_the_default_variant_has_finished(tmp_path):
+    """A sweep publishes after every finished variant; when the default comes later (session 12: the
+    DMPQ-alone point of a full_step sweep finished first), the peer table says so instead of raising."""
+    _peers(tmp_path / "peers_mini_20.json", 20)
+    payload = {"generation": {"num_inference_steps": 20}, "prompts": ["a"] * 12, "seeds": 2,
+               "variants": {}, "default": "step",
+               "fp32_adherence": {"mean": 90.0, "std": 0.0, "n": 2}, "environment": {"command": "x", "device": "cpu"},
+               "results": {"dmpq_only": _pt(None, 0.0, 35.0)}}
+    md = tdc_curves.publish(payload, tmp_path / "c", str(tmp_path / "peers_mini_20.json"))
+    assert "(the default variant 'step' has not finished yet)" in md
