@@ -214,9 +214,10 @@ def gc_log(min_s: float = 0.01):
         gc.unfreeze()
 
 
-def compiles_by_step(log: list, marks: list[float]) -> list[dict[str, Any]] | None:
-    """``compile_log``'s entries as ``[{"step", "kernel"}]`` given a loop's ``marks`` (its start, then every
-    step's end); ``None`` where the log could not be taken. Step −1 = before the loop started."""
+def events_by_step(log: list, marks: list[float]) -> list[dict[str, Any]] | None:
+    """:func:`compile_log`'s or :func:`gc_log`'s entries as ``[{"step", "kernel"}]`` (plus ``"s"``, a GC pause's
+    length) given a loop's ``marks`` (its start, then every step's end); ``None`` where the log could not be
+    taken. Step −1 = before the loop started."""
     if None in log:
         return None
     return [{"step": int(np.searchsorted(marks, e[0])) - 1, "kernel": e[1][:300], **({"s": e[2]} if len(e) > 2 else {})}

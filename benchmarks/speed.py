@@ -31,9 +31,9 @@ from benchmarks.common import (
     LABELS,
     RESULTS,
     compile_log,
-    compiles_by_step,
     env_md,
     environment,
+    events_by_step,
     gc_log,
     make_config,
     module_bytes,
@@ -191,8 +191,8 @@ def speed(args) -> dict:
                 with compile_log() as compiled, gc_log() as paused:
                     total, steps = _run_denoise(pipe, call, args.steps, device, marks)
                 entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)),
-                             compiles_timed=compiles_by_step(compiled, marks),
-                             gc_pauses_timed=compiles_by_step(paused, marks))
+                             compiles_timed=events_by_step(compiled, marks),
+                             gc_pauses_timed=events_by_step(paused, marks))
                 trace = handle.trace.to_dict() if handle is not None else None
                 entry["step_check"] = step_outliers(steps, step_kinds(trace, len(steps)))
                 if device.type == "cuda":

@@ -278,7 +278,7 @@ def test_compile_log_maps_compiles_to_steps_and_restores_the_hook():
     removed afterwards, and each compile lands on the step whose interval holds it (−1: before the loop)."""
     from triton import knobs
 
-    from benchmarks.common import compile_log, compiles_by_step
+    from benchmarks.common import compile_log, events_by_step
 
     seen = []
     prev = knobs.runtime.jit_cache_hook
@@ -298,9 +298,9 @@ def test_compile_log_maps_compiles_to_steps_and_restores_the_hook():
     assert len(log) == 1 and log[0][1] == "_k[num_warps=4](x: *fp32)"
     marks = [10.0, 11.0, 12.0, 13.0]  # loop start, then the ends of steps 0, 1, 2
     synthetic = [(9.5, "a"), (10.5, "b"), (12.2, "c"), (12.9, "d")]
-    assert compiles_by_step(synthetic, marks) == [{"step": -1, "kernel": "a"}, {"step": 0, "kernel": "b"},
+    assert events_by_step(synthetic, marks) == [{"step": -1, "kernel": "a"}, {"step": 0, "kernel": "b"},
                                                   {"step": 2, "kernel": "c"}, {"step": 2, "kernel": "d"}]
-    assert compiles_by_step([None], marks) is None and compiles_by_step([], marks) == []
+    assert events_by_step([None], marks) is None and events_by_step([], marks) == []
     assert speed._check_cell({"worst": 1.1, "outliers": [], "ratio": 1.2}, [{"step": 8, "kernel": "k"}] * 2) \
         == "1.10 · 2 Triton compile(s) timed, step(s) 8"
 
@@ -308,7 +308,7 @@ def test_compile_log_maps_compiles_to_steps_and_restores_the_hook():
 def test_gc_log_records_pauses_inside_and_leaves_the_collector_as_it_was():
     import gc
 
-    from benchmarks.common import compiles_by_step, gc_log
+    from benchmarks.common import events_by_step, gc_log
 
     n_callbacks = len(gc.callbacks)
     with gc_log(min_s=0.0) as paused:
@@ -317,6 +317,6 @@ def test_gc_log_records_pauses_inside_and_leaves_the_collector_as_it_was():
     assert gc.get_freeze_count() == 0 and len(gc.callbacks) == n_callbacks
     assert paused and paused[-1][1] == "gc gen2" and paused[-1][2] >= 0
     marks = [paused[-1][0] - 1.0, paused[-1][0] + 1.0]
-    assert compiles_by_step(paused[-1:], marks) == [{"step": 0, "kernel": "gc gen2", "s": paused[-1][2]}]
+    assert events_by_step(paused[-1:], marks) == [{"step": 0, "kernel": "gc gen2", "s": paused[-1][2]}]
     assert "GC 12 ms at step 3" in speed._check_cell({"worst": 1.0, "outliers": [], "ratio": 1.2}, [],
                                                        [{"step": 3, "kernel": "gc gen2", "s": 0.012}])
