@@ -456,6 +456,8 @@ def build_rows() -> list[Row]:
         R("sixbit_full", "sixbit_full", "sixbit full (balanced: DMPQ+TDC+PDR)", sixbit_row("full")),
         R("sixbit_full_w8a8", "sixbit_full_w8a8", "sixbit full, INT8 decisions on W8A8", sixbit_row("full", int8_route="w8a8")),
         R("sixbit_w8a8_tdc", "sixbit_w8a8_tdc", "sixbit static W8A8 + TDC", sixbit_row("w8a8", tdc=True)),
+        R("sixbit_fast", "sixbit_fast", "sixbit fast (full on W8A8; NVFP4 decisions run INT8 without FP4 tensor cores)",
+          sixbit_row("fast")),
         R("sixbit_aggressive", "sixbit_aggressive", "sixbit aggressive", sixbit_row("aggressive")),
         R("sixbit_tdc_attn", "sixbit_tdc_attn", "sixbit tdc_attn (TDC attention reuse, no quantization)",
           sixbit_row("tdc_attn")),

@@ -59,9 +59,12 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
 ENGINEERING_ONLY = ("bf16_fast_attn",)
 
 
-def _run_denoise(pipe, call: dict, steps: int, device, marks: list[float] | None = None) -> tuple[float, list[float]]:
-    """Time one denoising loop (latent output); per-step times from a synchronizing step callback
-    (``marks``, when given, receives the loop's start and every step's end, ``time.perf_counter``)."""
+def _run_denoise(pipe, call: dict, steps: int, device, marks: list[float] | None = None) -> tuple[float, list[float], float]:
+    """Time one denoising loop (latent output): ``(total s, per-step s, set-up s)``. The loop starts at the
+    transformer's first call (a synchronizing forward pre-hook): what the pipeline does before it — the text
+    encoder, latents, rotary tables — is the set-up, in the total but not in step 0. Per-step times come from a
+    synchronizing step callback (``marks``, when given, receives the loop's start and every step's end,
+    ``time.perf_counter``)."""
     marks = [] if marks is None else marks
 
     def cb(p, i, t, kw):
@@ -69,13 +72,21 @@ def _run_denoise(pipe, call: dict, steps: int, device, marks: list[float] | None
         marks.append(time.perf_counter())
         return {}
 
+    def first_call(module, args):
+        if not marks:
+            sync(device)
+            marks.append(time.perf_counter())
+
     sync(device)
     t0 = time.perf_counter()
-    marks.append(t0)
-    pipe(**call, num_inference_steps=steps, output_type="latent", callback_on_step_end=cb)
+    hook = pipe.transformer.register_forward_pre_hook(first_call)
+    try:
+        pipe(**call, num_inference_steps=steps, output_type="latent", callback_on_step_end=cb)
+    finally:
+        hook.remove()
     sync(device)
     total = time.perf_counter() - t0
-    return total, [b - a for a, b in zip(marks, marks[1:])]
+    return total, [b - a for a, b in zip(marks, marks[1:])], marks[0] - t0
 
 
 
@@ -189,8 +200,8 @@ def speed(args) -> dict:
                     torch.cuda.reset_peak_memory_stats(device)
                 marks: list[float] = []
                 with compile_log() as compiled, gc_log() as paused:
-                    total, steps = _run_denoise(pipe, call, args.steps, device, marks)
-                entry.update(denoise_s=total, step_s=steps, step_median_s=float(np.median(steps)),
+                    total, steps, setup = _run_denoise(pipe, call, args.steps, device, marks)
+                entry.update(denoise_s=total, setup_s=setup, step_s=steps, step_median_s=float(np.median(steps)),
                              compiles_timed=events_by_step(compiled, marks),
                              gc_pauses_timed=events_by_step(paused, marks))
                 trace = handle.trace.to_dict() if handle is not None else None
@@ -319,7 +330,7 @@ def render(results: dict, out: Path, name: str | None) -> None:
     file with the current renderer)."""
     env = results["environment"]
     md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
-          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise); before the timed loop the Python heap is collected and frozen (`gc.freeze`), and the *slowest step* column names every Triton compile and every garbage-collector pause ≥ 10 ms inside it. Random weights "
+          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise); before the timed loop the Python heap is collected and frozen (`gc.freeze`); step 0 starts at the transformer's first call (the pipeline's set-up before it — text encoder, latents — is in *denoise s*, not in a step), and the *slowest step* column names every Triton compile and every garbage-collector pause ≥ 10 ms inside it. Random weights "
           "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
           "sixbit-mini** with the full method (resampled to this depth and step count): which blocks are skipped "
           "and, for the DMPQ configurations, each computed block's routes (NVFP4 / INT8 / 16-bit for PDR), "

@@ -92,6 +92,7 @@ except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
 
 __all__ = [
     "PackedLinear",
+    "native_fp4",
     "ActCache",
     "layer_norm_rows",
     "layer_norm_supported",
@@ -248,6 +249,12 @@ def _kernel_target(dev: torch.device) -> targets.Target | None:
 
 def _native_fp4(dev: torch.device) -> bool:
     return dev.type == "cuda" and blackwell.native_fp4_available(dev)
+
+
+def native_fp4(device) -> bool:
+    """Whether ``device`` multiplies NVFP4 × NVFP4 on FP4 tensor cores (capability ≥ 10: unverified);
+    everywhere else the ``nvfp4`` route runs at 16-bit rate (``gemm_w4``) or in the torch reference."""
+    return _native_fp4(torch.device(device))
 
 
 def compute_path(device) -> str:

@@ -16,8 +16,9 @@ tdc_only        off          yes    no     delta caching on the full-precision m
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
 tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=block, reuse=last): ablation
 full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC
-fast            dmpq         yes    yes    full on Hopper's int8 tensor cores (int8_route="w8a8") with 8-bit
-                                           attention after skips too (attention_after_skip="policy")
+fast            dmpq         yes    yes    full on Hopper's int8 tensor cores (int8_route="w8a8"; without FP4
+                                           tensor cores its NVFP4 decisions run INT8 too: nvfp4_route="auto")
+                                           with 8-bit attention after skips (attention_after_skip="policy")
 tdc_attn        off          yes    no     attention-only reuse (tdc_scope=attention): the MLP always runs
 full_attn       dmpq         yes    yes    the full method with attention-only reuse
 w4a4            w4a4         no     no     static baseline: every linear NVFP4 × NVFP4
@@ -42,8 +43,9 @@ NVFP4 layers can be a speed win (that path is unverified). Below capability 10 (
 the CPU it optimises **memory**: 4-bit weights (CogVideoX-2B's transformer 2.29× smaller), NVFP4 layers
 decoded and multiplied at 16-bit rate — slower per call than bf16 on the H200 — and its speed comes from
 skipped blocks. The speed alternative there: ``int8_route="w8a8"`` (INT8 decisions on the int8 tensor
-cores, 8-bit weight copies kept) or ``quant="w8a8"`` with TDC (static W8A8 + TDC, the fastest measured
-pairing on the H200). ``sixbit.costs.expected_effect`` gives the numbers per device class; the app shows
+cores, 8-bit weight copies kept; the ``fast`` preset also runs the NVFP4 decisions as INT8 there,
+``nvfp4_route="auto"``, since W4A4 has no speed to offer without FP4 tensor cores) or ``quant="w8a8"``
+with TDC (static W8A8 + TDC). ``sixbit.costs.expected_effect`` gives the numbers per device class; the app shows
 them before a run.
 
 Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
@@ -58,7 +60,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixbit.routes import FP16, INT8, STATIC, W8A8
+from sixbit.routes import FP16, INT8, NVFP4, STATIC, W8A8
 
 __all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
 
@@ -96,6 +98,16 @@ class SixBitConfig:
         "also keeps an 8-bit copy of every weight resident).",
         choices=(INT8, W8A8),
         label="INT8 route",
+    )
+    nvfp4_route: str = _f(
+        "nvfp4",
+        "What an NVFP4 decision runs: 'nvfp4' = NVFP4 × NVFP4 (W4A4, the paper's 4-bit route); 'int8' = "
+        "the INT8 route instead (int8_route says which); 'auto' = 'int8' where it is the faster and more "
+        "accurate of the two — int8_route='w8a8' on a device without FP4 tensor cores (Hopper, Ada, Ampere, "
+        "the CPU), where W4A4 runs at 16-bit rate behind a slower quantize pass and the INT8 weights are "
+        "resident anyway — else 'nvfp4'. The trace records what ran (its 'nvfp4_as_int8' count per block).",
+        choices=(NVFP4, INT8, "auto"),
+        label="NVFP4 route",
     )
     target_bits: float | None = _f(
         5.0,
@@ -448,7 +460,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
-    "fast": dict(int8_route=W8A8, attention_after_skip="policy"),
+    "fast": dict(int8_route=W8A8, nvfp4_route="auto", attention_after_skip="policy"),
     "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention"),
     "full_attn": dict(tdc_scope="attention"),
     "w4a4": dict(quant="w4a4", **_STATIC),

@@ -55,6 +55,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sixbit import routes as _routes
+
 __all__ = ["TransformerShape", "COGVIDEOX_5B", "step_flops", "step_seconds", "relative_rate", "H200_EFFECTIVE_TFLOPS",
            "RELATIVE_RATE", "ClassCosts", "UNIT_COSTS", "WEIGHT_RATIOS", "device_class", "Effect", "expected_effect",
            "run_estimate", "weight_format", "fp4_tensor_cores", "NAME_CAPABILITY"]
@@ -251,6 +253,8 @@ class Effect:
 
 def _bounds(cls: str, cfg, skip: float) -> tuple[float, float] | None:
     routes = {"w8a8": ["int8"], "w4a4": ["nvfp4"], "w4a8": ["int8"], "off": ["fp16"]}.get(cfg.quant, ["nvfp4", "int8"])
+    if cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, cfg.int8_route, fp4_tensor_cores(cls)):
+        routes = ["int8"]  # NVFP4 decisions run the INT8 route on this class
     vals = [run_estimate(cls, cfg, {r: 1}, skip) for r in routes]
     if any(v is None for v in vals):
         return None

@@ -43,11 +43,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sixbit import pdr
+from sixbit import pdr, routes
 from sixbit.policy import LinearFit
 from sixbit.routes import FP16, INT8, NVFP4, STATIC
 
-__all__ = ["l1", "gamma_sums", "ratio", "Routing", "route", "AttentionRouting", "attention_route"]
+__all__ = ["l1", "gamma_sums", "ratio", "Routing", "nvfp4_as_int8", "route", "AttentionRouting", "attention_route"]
 
 
 def l1(x: torch.Tensor) -> torch.Tensor:
@@ -73,18 +73,29 @@ class Routing:
     routes: list[str]
     pred_err: list[float | None]
     pdr: bool = False
+    #: layers whose NVFP4 decision runs the INT8 route instead (``SixBitConfig.nvfp4_route``)
+    nvfp4_as_int8: int = 0
+
+
+def nvfp4_as_int8(cfg, native_fp4: bool) -> bool:
+    """Whether ``cfg``'s NVFP4 decisions run the INT8 route on a device with or without FP4 tensor cores
+    (``sixbit.routes.nvfp4_as_int8``)."""
+    return routes.nvfp4_as_int8(getattr(cfg, "nvfp4_route", NVFP4), cfg.int8_route, native_fp4)
 
 
 def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: bool = False,
           fits: list[LinearFit] | None = None, tau: float | None = None, outlier_ratio: float | None = None,
-          rho: float | None = None, replayed: list[str] | None = None, probe: bool = False) -> Routing:
+          rho: float | None = None, replayed: list[str] | None = None, probe: bool = False,
+          nvfp4_as_int8: bool = False) -> Routing:
     """The routes of a computed block's ``n`` routed layers at ``step`` (see the module docstring).
 
     ``gamma``: Γ at the block's last computed step (None before the first); ``skipped_last``: the previous
     evaluation was a skip; ``fits``/``tau``: the layers' calibrated lines and τ (DMPQ only);
     ``outlier_ratio``: the block input's, when PDR checked it (``pdr.applies``), with ``rho`` its
     threshold; ``replayed``: the routes a replayed schedule recorded for this cell; ``probe``: the cell is
-    step-mode TDC's probe, routed ``cfg.tdc_probe_route`` unless that is ``"policy"``."""
+    step-mode TDC's probe, routed ``cfg.tdc_probe_route`` unless that is ``"policy"``; ``nvfp4_as_int8``:
+    the NVFP4 decisions of the ``dmpq`` and ``replay`` modes run INT8 (:func:`nvfp4_as_int8`, counted in
+    ``Routing.nvfp4_as_int8``; ``pred_err`` keeps the prediction)."""
 
     def every(r: str, mode: str, fired: bool = False) -> Routing:
         return Routing(mode, [r] * n, [None] * n, fired)
@@ -100,11 +111,18 @@ def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: b
     if outlier_ratio is not None and pdr.purify(outlier_ratio, rho) and replayed is None:
         return every(FP16, "pdr", fired=True)
     if replayed is not None:  # recorded routes (PDR's check above is still paid, as in a live run)
-        return Routing("replay", list(replayed), [None] * n)
+        return _promoted(Routing("replay", list(replayed), [None] * n), nvfp4_as_int8)
     if gamma is None or (skipped_last and cfg.after_skip == INT8):
         return every(INT8, "after_skip" if skipped_last else "no_gamma")
     preds = [f.predict(gamma) for f in fits]
-    return Routing("dmpq", [INT8 if e > tau else NVFP4 for e in preds], preds)
+    return _promoted(Routing("dmpq", [INT8 if e > tau else NVFP4 for e in preds], preds), nvfp4_as_int8)
+
+
+def _promoted(r: Routing, nvfp4_as_int8: bool) -> Routing:
+    k = r.routes.count(NVFP4) if nvfp4_as_int8 else 0
+    if not k:
+        return r
+    return Routing(r.mode, [INT8 if x == NVFP4 else x for x in r.routes], r.pred_err, r.pdr, k)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,18 @@ class Run:
         return t.tolist()
 
 
+_NATIVE_FP4: dict[torch.device, bool] = {}
+
+
+def _nvfp4_as_int8(cfg, device: torch.device) -> bool:
+    """``dmpq.nvfp4_as_int8`` for a block running on ``device`` (its FP4 capability read once)."""
+    if getattr(cfg, "nvfp4_route", "nvfp4") == "nvfp4":
+        return False
+    if device not in _NATIVE_FP4:
+        _NATIVE_FP4[device] = ops().native_fp4(device)
+    return dmpq.nvfp4_as_int8(cfg, _NATIVE_FP4[device])
+
+
 @dataclass(frozen=True)
 class Method:
     """What the handle resolved once and every block hook decides with."""
@@ -405,7 +417,8 @@ class BlockHook(ModelHook):
         cfg, sched = self.method.cfg, self.method.schedule
         replayed = None if sched is None else sched.block_routes(call.branch, call.step, self.index, len(self.linears))
         routing = dmpq.route(cfg, call.step, len(self.linears), gamma=st.gamma, skipped_last=st.skipped_last,
-                             fits=self.fits, tau=self.method.tau, replayed=replayed)
+                             fits=self.fits, tau=self.method.tau, replayed=replayed,
+                             nvfp4_as_int8=_nvfp4_as_int8(cfg, streams[0].device))
         attn_linears = self._attention_linears()
         for k, (m, r) in enumerate(zip(self.layers, routing.routes)):
             if k not in attn_linears:
@@ -473,7 +486,8 @@ class BlockHook(ModelHook):
             oratio = pdr.outlier_ratio(*self.run.read(pdr.outlier_sums(streams, cfg.pdr_k_sigma, counter)))
         routing = dmpq.route(cfg, i, len(self.linears), gamma=st.gamma, skipped_last=st.skipped_last,
                              fits=self.fits, tau=self.method.tau, outlier_ratio=oratio, rho=self.method.rho,
-                             replayed=replayed, probe=cfg.tdc and self.probes())
+                             replayed=replayed, probe=cfg.tdc and self.probes(),
+                             nvfp4_as_int8=_nvfp4_as_int8(cfg, streams[0].device))
         return routing, oratio
 
     def _route_attention(self, call: Call, st: BlockState, routing: dmpq.Routing) -> dmpq.AttentionRouting:
@@ -545,6 +559,8 @@ class BlockHook(ModelHook):
         rec.blocks[self.index] = {"computed": True, "skipped": False, "pdr": routing.pdr, "gamma": st.gamma,
                                   "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": oratio,
                                   "mode": routing.mode, "tdc": decision}
+        if routing.nvfp4_as_int8:
+            rec.blocks[self.index]["nvfp4_as_int8"] = routing.nvfp4_as_int8
         if decision.startswith("probe_"):  # the threshold the step decided with (tdc.probe_threshold)
             rec.blocks[self.index]["threshold"] = call.threshold
         for k, j in enumerate(self.linears):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 __all__ = ["Route", "TABLE", "ROUTES", "NVFP4", "INT8", "W8A8", "W4A16", "FP16", "SKIPPED", "KERNEL_ROUTES",
            "WEIGHT_FORMAT", "DISPLAY_ROUTES", "TRACE_ROUTES", "BITS", "LETTERS", "FROM_LETTER", "STATIC",
-           "display", "resolve"]
+           "display", "resolve", "nvfp4_as_int8"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,12 @@ def resolve(route: str, *, has_fp_weights: bool, int8_route: str = INT8) -> str:
     if route == INT8:
         return int8_route
     return route
+
+
+def nvfp4_as_int8(nvfp4_route: str, int8_route: str, native_fp4: bool) -> bool:
+    """Whether an NVFP4 decision runs the INT8 route (``SixBitConfig.nvfp4_route``): ``"int8"`` always;
+    ``"auto"`` when INT8 decisions run ``w8a8`` (INT8 weights resident) on a device without FP4 tensor cores,
+    where W4A4 is a 16-bit-rate GEMM behind a slower quantize pass than INT8's — for more error."""
+    if nvfp4_route == "auto":
+        return int8_route == W8A8 and not native_fp4
+    return nvfp4_route == INT8

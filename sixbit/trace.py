@@ -14,7 +14,7 @@
                                "emulated": bool}, ... one per block],
                 "branch": str, "other_branches": {name: {"blocks", "routes", "pred_err", ...}}}],
      "summary": {"avg_act_bits", "skip_fraction", "pdr_count", "time_s", "peak_mem_bytes",
-                 "route_counts": {"nvfp4", "int8", "fp16", "skipped"},
+                 "route_counts": {"nvfp4", "int8", "fp16", "skipped"}, "nvfp4_as_int8",
                  "attention_counts": {"fp8", "bf16"}, "attention_fp8_fraction", ...}}
 
 A trace saved by the demo (trace.json) has one more key, ``"run"`` (:func:`run_record`, its own version
@@ -25,7 +25,9 @@ the videos' digests (README, "Replaying a demo run").
 Conventions:
 
 * Non-finite numbers (a threshold set to infinity, Γ of an all-zero input) are written as null.
-* Routes are reported by activation precision: ``w8a8`` shows as ``int8``, ``w4a16`` as ``fp16``.
+* Routes are reported by activation precision: ``w8a8`` shows as ``int8``, ``w4a16`` as ``fp16``. An NVFP4
+  decision run as INT8 (``SixBitConfig.nvfp4_route``) shows as ``int8``; its block's entry counts such layers
+  in ``nvfp4_as_int8`` (absent when none) and the summary adds them up.
 * ``gamma`` is Γ measured at this step (the next step routes with it); ``delta_sim`` the block's current
   delta change rate (see ``sixbit.tdc``); ``acc_err`` the accumulated skip error after this step (0 after
   a computed step); ``outlier_ratio`` the block-input outlier ratio when PDR checked it, else null.
@@ -174,7 +176,7 @@ class Trace:
     def summary(self) -> dict[str, Any]:
         counts = dict.fromkeys(TRACE_ROUTES, 0)
         attn = {"fp8": 0, "bf16": 0}
-        n_blocks = n_skipped = n_pdr = 0
+        n_blocks = n_skipped = n_pdr = n_promoted = 0
         for st in self.steps:
             for br in st.branches.values():
                 for a in br.attention:
@@ -188,6 +190,7 @@ class Trace:
                     n_blocks += 1
                     n_skipped += bool(b["skipped"])
                     n_pdr += bool(b["pdr"])
+                    n_promoted += b.get("nvfp4_as_int8", 0)
         computed = sum(counts[k] for k in ROUTE_BITS)
         bits = sum(ROUTE_BITS[k] * counts[k] for k in ROUTE_BITS) / computed if computed else None
         return {
@@ -197,6 +200,7 @@ class Trace:
             "time_s": sum(st.time_s for st in self.steps),
             "peak_mem_bytes": self.peak_mem_bytes,
             "route_counts": counts,
+            "nvfp4_as_int8": n_promoted,
             "attention_counts": attn,
             "attention_fp8_fraction": attn["fp8"] / sum(attn.values()) if sum(attn.values()) else 0.0,
             "num_steps": len(self.steps),

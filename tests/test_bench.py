@@ -84,6 +84,8 @@ def test_speed_smoke_at_tiny_size(out, one_thread):
     assert rec["configs"]["w8a8"]["avg_act_bits"] == pytest.approx(8.0)
     for e in rec["configs"].values():  # an identical warm-up loop ran, and every timed step was checked
         assert e["warmup_s"] > 0 and e["step_check"]["worst"] >= 1.0 and len(e["step_s"]) == 3
+        # step 0 starts at the transformer's first call: the set-up before it is in the total only
+        assert e["setup_s"] > 0 and sum(e["step_s"]) + e["setup_s"] == pytest.approx(e["denoise_s"], abs=0.05)
     # the kinds come from the real trace (computed block evaluations per step); bf16 has one kind
     assert min(rec["configs"]["w8a8"]["step_check"]["kinds"]) > 0
     assert set(rec["configs"]["bf16"]["step_check"]["kinds"]) == {0}

@@ -131,6 +131,31 @@ def test_dmpq_routes_follow_the_policy_rule(pipe):
     assert seen == {"int8", "nvfp4"}
 
 
+def test_nvfp4_decisions_run_w8a8_where_the_fast_preset_says(pipe):
+    # the same decisions as the test above; nvfp4_route="auto" with INT8 weights resident on a device
+    # without FP4 tensor cores (the CPU) runs every NVFP4 decision on the W8A8 kernels, and says so
+    cfg = SixBitConfig.preset("dmpq_only", policy=None, tau=0.047, int8_route="w8a8", nvfp4_route="auto")
+    handle = sixbit.apply(pipe, cfg)
+    generate(pipe)
+    d = handle.trace.to_dict()
+    promoted = 0
+    for prev, s in zip(d["steps"], d["steps"][1:]):
+        for b, blk in enumerate(s["blocks"]):
+            n = sum(prev["blocks"][b]["gamma"] <= 0.047 for _ in range(6))  # the layers DMPQ put on NVFP4
+            assert blk.get("nvfp4_as_int8", 0) == n
+            assert all(s["routes"][j] == "int8" for j in range(6 * b, 6 * b + 6))
+            promoted += n
+    assert promoted > 0 and d["summary"]["nvfp4_as_int8"] == promoted
+    assert d["summary"]["route_counts"]["nvfp4"] == 0
+    assert {m.last_route for m in handle.modules} == {"w8a8"}
+    handle.remove()
+    # with W4A8 (no INT8 weights) "auto" keeps NVFP4
+    handle = sixbit.apply(pipe, cfg.replace(int8_route="int8"))
+    generate(pipe)
+    assert handle.trace.summary()["route_counts"]["nvfp4"] > 0 and handle.trace.summary()["nvfp4_as_int8"] == 0
+    handle.remove()
+
+
 def test_fused_qkv_is_quantized_after_fusing_and_refused_after_apply(pipe):
     pipe.transformer.fuse_qkv_projections()
     ref = generate(pipe)

@@ -56,6 +56,28 @@ def test_precedence_off_warmup_static_before_everything():
         assert (s.mode, s.routes, s.pred_err) == ("static", [r] * N, [None] * N)
 
 
+def test_nvfp4_decisions_run_int8_only_where_the_config_and_device_say():
+    # the rule: "int8" always; "auto" only with INT8 weights resident (w8a8) and no FP4 tensor cores
+    assert not dmpq.nvfp4_as_int8(cfg(), native_fp4=False)
+    assert dmpq.nvfp4_as_int8(cfg(nvfp4_route="int8"), native_fp4=True)
+    assert dmpq.nvfp4_as_int8(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=False)
+    assert not dmpq.nvfp4_as_int8(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=True)
+    assert not dmpq.nvfp4_as_int8(cfg(nvfp4_route="auto", int8_route="int8"), native_fp4=False)
+    with pytest.raises(ConfigError, match="nvfp4_route"):
+        cfg(nvfp4_route="w8a8")
+    # the DMPQ rule and a replayed schedule's NVFP4 cells run INT8, counted; the prediction is kept
+    r = route(cfg(), gamma=0.1, tau=0.2, nvfp4_as_int8=True)
+    assert (r.mode, r.routes, r.nvfp4_as_int8) == ("dmpq", ["int8"] * 3, 2)
+    assert r.pred_err == pytest.approx([0.1, 0.3, 0.05])
+    p = route(cfg(), replayed=["nvfp4", "fp16", "int8"], nvfp4_as_int8=True)
+    assert (p.mode, p.routes, p.nvfp4_as_int8) == ("replay", ["int8", "fp16", "int8"], 1)
+    # nothing else changes: no NVFP4 decision, full-precision steps, the static W4A4 baseline
+    assert route(cfg(), gamma=1.0, tau=0.0, nvfp4_as_int8=True).nvfp4_as_int8 == 0
+    assert route(cfg(), step=0, nvfp4_as_int8=True).routes == ["fp16"] * N
+    assert route(cfg(quant="w4a4"), nvfp4_as_int8=True).routes == ["nvfp4"] * N
+    assert route(cfg(), gamma=0.1, tau=0.2).routes == ["nvfp4", "int8", "nvfp4"]
+
+
 def test_pdr_fires_above_rho_and_yields_to_a_replayed_route():
     p = route(cfg(), outlier_ratio=2e-3, rho=1e-3)
     assert (p.mode, p.routes, p.pdr, p.pred_err) == ("pdr", ["fp16"] * N, True, [None] * N)
@@ -280,7 +302,8 @@ def test_attention_config_fields_are_validated_and_the_presets_choose():
     for name in ("balanced", "full", "aggressive", "dmpq_only", "dmpq_tdc", "full_paper", "fast"):
         assert SixBitConfig.preset(name).attention == "policy", name
     fast = SixBitConfig.preset("fast")
-    assert (fast.attention_after_skip, fast.int8_route) == ("policy", "w8a8")
+    assert (fast.attention_after_skip, fast.int8_route, fast.nvfp4_route) == ("policy", "w8a8", "auto")
+    assert SixBitConfig.preset("full").nvfp4_route == "nvfp4"
     assert SixBitConfig.preset("full").attention_after_skip == "bf16"
     for name in ("off", "fp16", "w8a8", "w4a4", "w4a8", "tdc_only", "tdc_paper"):
         assert SixBitConfig.preset(name).attention == "bf16", name
