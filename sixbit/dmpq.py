@@ -14,7 +14,9 @@ otherwise.
 route, ``sixbit.routes.STATIC``); PDR fired on the block input (``sixbit.pdr``) → ``pdr`` (full
 precision); a replayed schedule with recorded routes → ``replay``; the first computed step after a skip
 (no fresh Γ) → ``after_skip`` (INT8, the safe choice; ``after_skip="dmpq"`` routes by the stale Γ instead),
-or no Γ at all → ``no_gamma`` (INT8); otherwise ``dmpq``, the rule above. It reads host values only — what
+or no Γ at all → ``no_gamma`` (INT8); otherwise ``dmpq``, the rule above. Where NVFP4 has nothing to offer
+(``SixBitConfig.nvfp4_route``: ``"auto"`` with INT8 weights resident and no FP4 tensor cores), the NVFP4
+decisions of ``dmpq`` and ``replay`` run INT8 (:func:`nvfp4_as_int8`; counted in ``Routing.nvfp4_as_int8``). It reads host values only — what
 the block hook measured and read once (``sixbit.hooks``) — so it is tested without a pipeline.
 
 Why the video stream only: CogVideoX's layers see text and video tokens together, but the video tokens
