@@ -16,7 +16,7 @@ precision); a replayed schedule with recorded routes → ``replay``; the first c
 (no fresh Γ) → ``after_skip`` (INT8, the safe choice; ``after_skip="dmpq"`` routes by the stale Γ instead),
 or no Γ at all → ``no_gamma`` (INT8); otherwise ``dmpq``, the rule above. Where NVFP4 has nothing to offer
 (``SixBitConfig.nvfp4_route``: ``"auto"`` with INT8 weights resident and no FP4 tensor cores), the NVFP4
-decisions of ``dmpq`` and ``replay`` run INT8 (:func:`nvfp4_as_int8`; counted in ``Routing.nvfp4_as_int8``). It reads host values only — what
+decisions of ``dmpq`` and ``replay`` run INT8 (``sixbit.routes.nvfp4_as_int8``; counted in ``Routing.nvfp4_as_int8``). It reads host values only — what
 the block hook measured and read once (``sixbit.hooks``) — so it is tested without a pipeline.
 
 Why the video stream only: CogVideoX's layers see text and video tokens together, but the video tokens
@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sixbit import pdr, routes
+from sixbit import pdr
 from sixbit.policy import LinearFit
 from sixbit.routes import FP16, INT8, NVFP4, STATIC
 
-__all__ = ["l1", "gamma_sums", "ratio", "Routing", "nvfp4_as_int8", "route", "AttentionRouting", "attention_route"]
+__all__ = ["l1", "gamma_sums", "ratio", "Routing", "route", "AttentionRouting", "attention_route"]
 
 
 def l1(x: torch.Tensor) -> torch.Tensor:
@@ -79,12 +79,6 @@ class Routing:
     nvfp4_as_int8: int = 0
 
 
-def nvfp4_as_int8(cfg, native_fp4: bool) -> bool:
-    """Whether ``cfg``'s NVFP4 decisions run the INT8 route on a device with or without FP4 tensor cores
-    (``sixbit.routes.nvfp4_as_int8``)."""
-    return routes.nvfp4_as_int8(getattr(cfg, "nvfp4_route", NVFP4), cfg.int8_route, native_fp4)
-
-
 def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: bool = False,
           fits: list[LinearFit] | None = None, tau: float | None = None, outlier_ratio: float | None = None,
           rho: float | None = None, replayed: list[str] | None = None, probe: bool = False,
@@ -96,7 +90,7 @@ def route(cfg, step: int, n: int, *, gamma: float | None = None, skipped_last: b
     ``outlier_ratio``: the block input's, when PDR checked it (``pdr.applies``), with ``rho`` its
     threshold; ``replayed``: the routes a replayed schedule recorded for this cell; ``probe``: the cell is
     step-mode TDC's probe, routed ``cfg.tdc_probe_route`` unless that is ``"policy"``; ``nvfp4_as_int8``:
-    the NVFP4 decisions of the ``dmpq`` and ``replay`` modes run INT8 (:func:`nvfp4_as_int8`, counted in
+    the NVFP4 decisions of the ``dmpq`` and ``replay`` modes run INT8 (``routes.nvfp4_as_int8``, counted in
     ``Routing.nvfp4_as_int8``; ``pred_err`` keeps the prediction)."""
 
     def every(r: str, mode: str, fired: bool = False) -> Routing:

@@ -42,7 +42,7 @@ from diffusers.hooks.hooks import BaseState, CacheContext, ModelHook, StateManag
 
 from sixbit import attention, dmpq, pdr, tdc
 from sixbit.linear import ops
-from sixbit.routes import SKIPPED, display
+from sixbit.routes import SKIPPED, display, nvfp4_as_int8
 
 if TYPE_CHECKING:
     from sixbit.adapters import Adapter
@@ -114,12 +114,10 @@ _NATIVE_FP4: dict[torch.device, bool] = {}
 
 
 def _nvfp4_as_int8(cfg, device: torch.device) -> bool:
-    """``dmpq.nvfp4_as_int8`` for a block running on ``device`` (its FP4 capability read once)."""
-    if getattr(cfg, "nvfp4_route", "nvfp4") == "nvfp4":
-        return False
+    """``routes.nvfp4_as_int8`` for a block running on ``device`` (its FP4 capability read once)."""
     if device not in _NATIVE_FP4:
         _NATIVE_FP4[device] = ops().native_fp4(device)
-    return dmpq.nvfp4_as_int8(cfg, _NATIVE_FP4[device])
+    return nvfp4_as_int8(cfg.nvfp4_route, cfg.int8_route, _NATIVE_FP4[device])
 
 
 @dataclass(frozen=True)

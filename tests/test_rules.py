@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from sixbit import dmpq, pdr, tdc
+from sixbit import dmpq, pdr, routes, tdc
 from sixbit.config import ConfigError, SixBitConfig
 from sixbit.hooks import Run, block_stats
 from sixbit.policy import LinearFit
@@ -58,11 +58,14 @@ def test_precedence_off_warmup_static_before_everything():
 
 def test_nvfp4_decisions_run_int8_only_where_the_config_and_device_say():
     # the rule: "int8" always; "auto" only with INT8 weights resident (w8a8) and no FP4 tensor cores
-    assert not dmpq.nvfp4_as_int8(cfg(), native_fp4=False)
-    assert dmpq.nvfp4_as_int8(cfg(nvfp4_route="int8"), native_fp4=True)
-    assert dmpq.nvfp4_as_int8(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=False)
-    assert not dmpq.nvfp4_as_int8(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=True)
-    assert not dmpq.nvfp4_as_int8(cfg(nvfp4_route="auto", int8_route="int8"), native_fp4=False)
+    def rule(c, native_fp4):
+        return routes.nvfp4_as_int8(c.nvfp4_route, c.int8_route, native_fp4)
+
+    assert not rule(cfg(), native_fp4=False)
+    assert rule(cfg(nvfp4_route="int8"), native_fp4=True)
+    assert rule(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=False)
+    assert not rule(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=True)
+    assert not rule(cfg(nvfp4_route="auto", int8_route="int8"), native_fp4=False)
     with pytest.raises(ConfigError, match="nvfp4_route"):
         cfg(nvfp4_route="w8a8")
     # the DMPQ rule and a replayed schedule's NVFP4 cells run INT8, counted; the prediction is kept
