@@ -59,7 +59,7 @@ DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", 
                     "torchao_int8", "torchao_fp8", "sage", "stack_fbc_int8", "stack_dbcache_int8",
                     "stack_fbc_fp8_sage", "sixbit_tdc_only", "sixbit_full", "sixbit_full_w8a8", "sixbit_w8a8_tdc",
                     "sixbit_aggressive", "sixbit_full_mod4", "torchao_fp8_compile", "torchao_int8_compile",
-                    "sixbit_tdc_attn", "sixbit_fast")
+                    "sixbit_tdc_attn", "sixbit_fast", "sixbit_tdc_q2", "sixbit_tdc_auto")
 
 
 def add_arguments(p) -> None:

@@ -34,8 +34,8 @@ Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benc
 "Defaults"; TDC's mode and probe threshold from ``benchmarks/results/tdc_curves_mini_20*``, docs/TDC.md):
 ``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
 (0.3). Step mode's thresholds are given for 20 steps and follow the step count N (``tdc_threshold_rule="steps"``:
-× 20/N; ``tdc_reuse="auto"``: from 40 steps on the first-order forecast with 0.05 × 20/N, ``aggressive`` 0.075;
-docs/TDC.md §8: at 50 steps ~50 % skipped at 52.5 dB). They are starting points for other models, not calibrated
+× 20/N; ``tdc_reuse="auto"``: from 40 steps on the second-order forecast with 0.075 × 20/N, ``aggressive`` 0.1;
+docs/TDC.md §11: at 50 steps ~50 % skipped at 56.0 dB, TDC alone). They are starting points for other models, not calibrated
 values (``tdc_threshold_rule="profile"`` reads per-step weights calibrated into the policy).
 
 What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
@@ -230,11 +230,12 @@ class SixBitConfig:
     tdc_reuse: str = _f(
         "auto",
         "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
-        "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'scaled' "
+        "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'quadratic' "
+        "= the second-order forecast from the last three (TaylorSeer's order 2; two more Δ kept); 'scaled' "
         "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style); 'auto' (step "
-        "mode) = 'linear' at tdc_forecast_steps steps or more, with tdc_forecast_threshold, else 'last' (block "
-        "mode: 'last').",
-        choices=("last", "linear", "scaled", "auto"),
+        "mode) = 'quadratic' ('linear' in attention scope) at tdc_forecast_steps steps or more, with "
+        "tdc_forecast_threshold, else 'last' (block mode: 'last'; docs/TDC.md §11).",
+        choices=("last", "linear", "quadratic", "scaled", "auto"),
         label="TDC reuse",
     )
     tdc_scope: str = _f(
@@ -278,11 +279,11 @@ class SixBitConfig:
         max=1000, label="TDC thresholds given for N steps",
     )
     tdc_forecast_steps: int = _f(
-        40, "tdc_reuse='auto': forecast ('linear') at this many steps or more, reuse the last delta below.", min=1,
+        40, "tdc_reuse='auto': forecast ('quadratic') at this many steps or more, reuse the last delta below.", min=1,
         max=1000, label="TDC forecast from N steps",
     )
     tdc_forecast_threshold: float = _f(
-        0.05,
+        0.075,
         "tdc_reuse='auto' where it forecasts: the probe threshold instead of tdc_probe_threshold (the probe is then "
         "compared with its forecast, which is closer than the last reference); scaled by the threshold rule.",
         min=0.0,
@@ -454,15 +455,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "balanced": dict(),
     "full": dict(),
     "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3,
-                       tdc_forecast_threshold=0.075, tdc_first=1),
+                       tdc_forecast_threshold=0.1, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False, attention="bf16"),
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
     "fast": dict(int8_route=W8A8, nvfp4_route="auto", attention_after_skip="policy"),
-    "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention"),
-    "full_attn": dict(tdc_scope="attention"),
+    # attention scope forecasts to first order at 0.05 from 40 steps (measured there; the second order lost 3.3 dB)
+    "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention", tdc_forecast_threshold=0.05),
+    "full_attn": dict(tdc_scope="attention", tdc_forecast_threshold=0.05),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),
     "w8a8": dict(quant="w8a8", **_STATIC),

@@ -24,9 +24,16 @@ Context parallelism: every decision statistic is an additive sum held in a tenso
 change's sums (one stacked tensor per computed block, ``ops.block_stats`` on the GPU), PDR's outlier
 counts — and :meth:`Run.read` is the one place where they leave the device: ``Run.reduce_stats`` (an
 all-reduce across ranks, when set) is applied there first, so every rank takes the same decision from the
-global sums. The accumulated skip error is derived from the reduced change rates, so it agrees too. Host
-reads: per computed block one for the statistics, plus one for PDR's counts where PDR checks; none for a
-skipped block; per step the timestep (run detection) and, on CUDA with ``sync_timing``, one synchronize.
+global sums. The accumulated skip error is derived from the reduced change rates, so it agrees too.
+
+Host reads (each one waits for the device): a computed block's Γ and delta change decide only at later
+steps, so its read is *deferred* (:meth:`Run.defer`) and all of a call's deferred reads leave the device
+together — at the next read that cannot wait, or when the call ends (one transfer, one all-reduce).
+Reads that decide now: step mode's probe (its drift decides the rest of the step) and PDR's counts (they
+pick the block's routes before it runs). Per call: one transfer at the end, the probe's, PDR's where PDR
+checks (each also carrying what was deferred before it), the timestep (run detection) and, on CUDA with
+``sync_timing``, one synchronize; none for a skipped block. Before session 14 every computed block read at
+once: ~30 device waits per 2B step with the host's next launches exposed after each (docs/ENGINE.md).
 """
 
 from __future__ import annotations
@@ -85,17 +92,21 @@ class Run:
         self.schedule_overrides = 0
         #: optional ``fn(tensor) -> tensor`` applied to every statistics tensor before it is read (all-reduce)
         self.reduce_stats: Callable[[torch.Tensor], torch.Tensor] | None = None
+        #: deferred statistics reads: (tensor, resolve) in the order they were issued (:meth:`defer`)
+        self.pending: list[tuple[torch.Tensor, Callable[[list[float]], None]]] = []
 
     @property
     def device(self) -> torch.device:
         return torch.device(self.trace.device)
 
     def start(self) -> None:
+        self.pending = []  # a call that died mid-way leaves reads for a trace that is gone
         self.trace = self.new_trace()
         self.schedule_overrides = 0
         self.active = True
 
     def end(self) -> None:
+        self.flush()
         if self.active and self.trace.steps:
             self.trace.close_step(len(self.trace.steps) - 1)
         self.trace.finished = True
@@ -103,11 +114,34 @@ class Run:
         self.call = None
 
     def read(self, stats: torch.Tensor) -> list[float]:
-        """The one place where decision statistics are reduced across ranks and read to the host."""
-        t = stats.to(torch.float64)
+        """The one place where decision statistics are reduced across ranks and read to the host: ``stats``
+        now, together with every read deferred since the last one (:meth:`defer`) — one transfer, one
+        all-reduce."""
+        return self._transfer(stats)
+
+    def defer(self, stats: torch.Tensor, resolve: Callable[[list[float]], None]) -> None:
+        """A read that no decision of the current transformer call needs: ``resolve(values)`` runs at the next
+        read or :meth:`flush` (at the latest when the call ends), so a computed block does not wait for the
+        device — the host keeps queueing work while the GPU runs."""
+        self.pending.append((stats, resolve))
+
+    def flush(self) -> None:
+        """Resolve every deferred read now (one transfer; nothing when none is pending)."""
+        if self.pending:
+            self._transfer(None)
+
+    def _transfer(self, stats: torch.Tensor | None) -> list[float]:
+        pending, self.pending = self.pending, []
+        parts = [s for s, _ in pending] + ([stats] if stats is not None else [])
+        t = torch.cat([p.reshape(-1).to(torch.float64) for p in parts]) if len(parts) > 1 else parts[0].to(torch.float64)
         if self.reduce_stats is not None:
             t = self.reduce_stats(t)
-        return t.tolist()
+        vals, k = t.tolist(), 0
+        for s, resolve in pending:
+            n = s.numel()
+            resolve(vals[k:k + n])
+            k += n
+        return vals[k:]
 
 
 _NATIVE_FP4: dict[torch.device, bool] = {}
@@ -222,6 +256,7 @@ class DenoiserHook(ModelHook):
         run, call = self.run, self.run.call
         if call is None:
             return output
+        run.flush()  # the statistics of this call's computed blocks (the next call decides with them)
         dev = run.device
         if dev.type == "cuda":
             if self.sync_timing:
@@ -261,8 +296,10 @@ class BlockState(BaseState):
 
     def reset(self, *args, **kwargs) -> None:
         self.delta: list[torch.Tensor] | None = None  # cached Δ per stream (step mode's probe: its reference)
-        self.prev_delta: list[torch.Tensor] | None = None  # the computed Δ before it (tdc_reuse="linear")
+        self.prev_delta: list[torch.Tensor] | None = None  # the computed Δ before it (forecasting reuse)
         self.prev_step: int | None = None  # the step of prev_delta
+        self.prev2_delta: list[torch.Tensor] | None = None  # and the one before that (tdc_reuse="quadratic")
+        self.prev2_step: int | None = None
         self.gamma: float | None = None  # Γ at the last computed step
         self.delta_sim: float | None = None  # change rate between the last two computed deltas
         self.acc_err: float = 0.0
@@ -270,21 +307,43 @@ class BlockState(BaseState):
         self.skipped_last: bool = False  # the previous evaluation was a skip (no fresh Γ)
         self.ref_norm: float | None = None  # step mode's probe: ‖Δ₀‖₁ (video) of its reference
         self.run_skips: int = 0  # consecutive skips (step mode's probe: skipped steps) since the last compute
-        # tdc_scope="attention": the self-attention's outputs at the last computed step (and the one before it,
-        # for tdc_reuse="linear", at prev_step), whether the call returned a tuple, and the input shapes they match
+        # tdc_scope="attention": the self-attention's outputs at the last computed step (and the ones before it,
+        # for a forecast, at prev_step / prev2_step), whether the call returned a tuple, and the input shapes they match
         self.attn: list[torch.Tensor] | None = None
         self.prev_attn: list[torch.Tensor] | None = None
+        self.prev2_attn: list[torch.Tensor] | None = None
         self.attn_tuple = False
         self.attn_shapes: list[tuple] | None = None
 
     def drop_deltas(self) -> None:
-        self.delta = self.prev_delta = self.attn = self.prev_attn = None
+        self.delta = self.prev_delta = self.prev2_delta = self.attn = self.prev_attn = self.prev2_attn = None
 
-    def reused(self, step: int, linear: bool) -> list[torch.Tensor]:
-        """What a skip at ``step`` adds to the block's input: the cached Δ or its forecast."""
-        if not linear:
-            return self.delta
-        return tdc.forecast(self.delta, self.prev_delta, step, self.last_step, self.prev_step)
+    def reused(self, step: int, order: int, onto: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """What a skip at ``step`` adds to the block's input: the cached Δ (order 0) or its forecast; with
+        ``onto`` (the block's input streams), their sum."""
+        if not order:
+            return self.delta if onto is None else [x + d for x, d in zip(onto, self.delta)]
+        return tdc.forecast(self.delta, self.prev_delta, step, self.last_step, self.prev_step,
+                            self.prev2_delta if order > 1 else None, self.prev2_step, onto=onto)
+
+    def forecast_attention(self, step: int, order: int) -> list[torch.Tensor]:
+        """Attention scope: the cached attention output (order 0) or its forecast at ``step``."""
+        if not order:
+            return self.attn
+        return tdc.forecast(self.attn, self.prev_attn, step, self.last_step, self.prev_step,
+                            self.prev2_attn if order > 1 else None, self.prev2_step)
+
+    def keep(self, value: list[torch.Tensor], order: int, attention: bool) -> None:
+        """Store a computed cell's Δ (or attention output), the earlier ones (at ``last_step``, ``prev_step``)
+        shifted back as far as the forecast of ``order`` reads. The steps are shared: a cell keeps one kind."""
+        cur, prev, prev2 = ("attn", "prev_attn", "prev2_attn") if attention else ("delta", "prev_delta", "prev2_delta")
+        if order and getattr(self, cur) is not None:
+            if order > 1:
+                setattr(self, prev2, getattr(self, prev))
+                self.prev2_step = self.prev_step
+            setattr(self, prev, getattr(self, cur))
+            self.prev_step = self.last_step
+        setattr(self, cur, value)
 
 
 def block_stats(outs, streams, old, keep: bool, backend: str):
@@ -383,22 +442,20 @@ class BlockHook(ModelHook):
 
     def attend(self, run_attention: Callable[[], Any]):
         """The self-attention's call inside this block's forward: ``run_attention()`` itself; with "capture"
-        its output is also cached (the previous one kept for ``tdc_reuse="linear"``); with "reuse" the cached
+        its output is also cached (the earlier ones kept for a forecast); with "reuse" the cached
         output (or its forecast) is returned and the attention — projections included — does not run."""
         action, self.attn_action = self.attn_action, None  # one self-attention call per block forward
         if action is None:
             return run_attention()
         st, shapes = self._attn_ctx
-        linear = tdc.resolve_reuse(self.method.cfg, self.run.call.num_steps) == "linear"
+        order = tdc.forecast_order(self.method.cfg, self.run.call.num_steps)
         if action == "reuse":
-            out = tdc.forecast(st.attn, st.prev_attn, self.run.call.step, st.last_step, st.prev_step) if linear \
-                else st.attn
+            out = st.forecast_attention(self.run.call.step, order)
             return tuple(out) if st.attn_tuple else out[0]
         out = run_attention()
-        if linear and st.attn is not None:
-            st.prev_attn, st.prev_step = st.attn, st.last_step
         st.attn_tuple = isinstance(out, tuple)
-        st.attn, st.attn_shapes = (list(out) if st.attn_tuple else [out]), shapes
+        st.keep(list(out) if st.attn_tuple else [out], order, attention=True)
+        st.attn_shapes = shapes
         return out
 
     def _attention_linears(self) -> set[int]:
@@ -422,24 +479,27 @@ class BlockHook(ModelHook):
             if k not in attn_linears:
                 m.route = r
         output = self._forward("reuse", st, streams, args, kwargs)
-        gamma = None
-        if cfg.quant == "dmpq":  # Γ of this evaluation (its residual holds the reused attention)
-            _, sums = block_stats(self.method.adapter.streams_out(output), streams, None, False, cfg.backend)
-            vals = self.run.read(sums)
-            gamma = st.gamma = dmpq.ratio(vals[0], vals[1])
-        st.skipped_last = gamma is None
+        measured = cfg.quant == "dmpq"
+        st.skipped_last = not measured
         st.run_skips += 1
         rec = call.rec
-        rec.blocks[self.index] = {"computed": True, "skipped": True, "pdr": False, "gamma": gamma,
+        rec.blocks[self.index] = {"computed": True, "skipped": True, "pdr": False, "gamma": None,
                                   "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
                                   "mode": routing.mode,
-                                  "tdc": "attn_forecast" if tdc.resolve_reuse(cfg, call.num_steps) == "linear" else "attn_reuse"}
+                                  "tdc": "attn_forecast" if tdc.forecast_order(cfg, call.num_steps) else "attn_reuse"}
         for k, j in enumerate(self.linears):
             skipped = k in attn_linears
             rec.routes[j] = SKIPPED if skipped else display(routing.routes[k])
             rec.pred_err[j] = None if skipped else routing.pred_err[k]
             rec.lin_outliers[j] = None if skipped or not self.layers else self.layers[k].last_outliers
         rec.attention[self.index] = {"route": SKIPPED, "pred_err": None, "why": "attn_reuse", "emulated": False}
+        if measured:  # Γ of this evaluation (its residual holds the reused attention), read with the call's others
+            _, sums = block_stats(self.method.adapter.streams_out(output), streams, None, False, cfg.backend)
+            row = rec.blocks[self.index]
+
+            def resolve(vals):
+                row["gamma"] = st.gamma = dmpq.ratio(vals[0], vals[1])
+            self.run.defer(sums, resolve)
         return output
 
     def probes(self) -> bool:
@@ -453,17 +513,16 @@ class BlockHook(ModelHook):
 
     def _reuse(self, call: Call, st: BlockState, streams):
         reuse = tdc.resolve_reuse(self.method.cfg, call.num_steps)
-        linear = reuse == "linear"
         if reuse == "scaled":
             out = [s + call.scale * d for s, d in zip(streams, st.delta)]
         else:
-            out = [s + d for s, d in zip(streams, st.reused(call.step, linear))]
+            out = st.reused(call.step, tdc.ORDER.get(reuse, 0), onto=streams)
         st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
         st.skipped_last = True
         st.run_skips += 1
         call.rec.blocks[self.index] = {"computed": False, "skipped": True, "pdr": False, "gamma": None,
                                        "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
-                                       "mode": "skip", "tdc": {"linear": "forecast", "scaled": "scaled"}.get(reuse, "reuse")}
+                                       "mode": "skip", "tdc": {"linear": "forecast", "quadratic": "forecast", "scaled": "scaled"}.get(reuse, "reuse")}
         for j in self.linears:
             call.rec.routes[j] = SKIPPED
             call.rec.pred_err[j] = None
@@ -479,7 +538,7 @@ class BlockHook(ModelHook):
         elif self.probes() or self.tail():
             next_skip = False  # the probe's delta is the decision's reference, a tail's is not kept: never reused
         oratio = None
-        if pdr.applies(cfg, i, call.num_steps, next_skip):
+        if pdr.applies(cfg, i, call.num_steps, next_skip):  # decides this block's routes: read now
             counter = lambda x, k: ops().outlier_count(x, k, cfg.backend)  # noqa: E731
             oratio = pdr.outlier_ratio(*self.run.read(pdr.outlier_sums(streams, cfg.pdr_k_sigma, counter)))
         routing = dmpq.route(cfg, i, len(self.linears), gamma=st.gamma, skipped_last=st.skipped_last,
@@ -515,19 +574,19 @@ class BlockHook(ModelHook):
         # attention scope: only the probe keeps its delta (the decision's reference); the others cache attention
         keep = self.caches() and (probe or not self.attention_scope())
         compare = cached and keep
-        linear = tdc.resolve_reuse(cfg, call.num_steps) == "linear"
+        order = tdc.forecast_order(cfg, call.num_steps)
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
-        ref = (st.reused(call.step, linear) if probe else st.delta) if compare else None
+        ref = (st.reused(call.step, order) if probe else st.delta) if compare else None
         deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
-        forecasted = compare and linear and not probe and st.prev_delta is not None
+        forecasted = compare and order > 0 and not probe and st.prev_delta is not None
         if forecasted:  # block mode: the error of the forecast this refresh replaces, charged to the budget
-            fnum, fden = tdc.delta_change_sums(deltas, st.reused(call.step, True))
+            fnum, fden = tdc.delta_change_sums(deltas, st.reused(call.step, order))
             sums = torch.cat([sums, torch.stack([fnum, fden]).to(sums)])
-        vals = self.run.read(sums)
-        st.gamma = dmpq.ratio(vals[0], vals[1])
         st.skipped_last = False
         capped = False
-        if probe:
+        if probe:  # the step's decision: read now
+            vals = self.run.read(sums)
+            st.gamma = dmpq.ratio(vals[0], vals[1])
             st.delta_sim = dmpq.ratio(vals[2], vals[3]) if compare else None
             call.threshold = tdc.probe_threshold(call.step, call.num_steps, cfg, self.method.probe_profile)
             skips = tdc.step_skips(st.delta_sim, call.step, call.num_steps, cfg, call.threshold)
@@ -538,18 +597,30 @@ class BlockHook(ModelHook):
                 call.scale = vals[0] / st.ref_norm if st.ref_norm else 1.0
                 return "probe_skip"
             st.ref_norm = vals[0]
-        elif compare:
-            st.delta_sim = tdc.change_rate(*(vals[4:6] if forecasted else vals[2:4]), call.step, st.last_step)
+        else:  # Γ and the change rate decide at later steps only: read when the call ends (Run.defer)
+            self.run.defer(sums, self._resolver(call, st, compare, forecasted))
         if keep:
-            if linear and st.delta is not None:
-                st.prev_delta, st.prev_step = st.delta, st.last_step
-            st.delta = deltas
+            st.keep(deltas, order, attention=False)
         st.acc_err = 0.0
         st.run_skips = 0
         st.last_step = call.step
         if probe:
             return "probe_capped" if capped else "probe_compute"
         return "tail_compute" if self.tail() else "compute"
+
+    def _resolver(self, call: Call, st: BlockState, compare: bool, forecasted: bool) -> Callable[[list[float]], None]:
+        """What a computed block's deferred statistics read sets: Γ and (with ``compare``) the change rate per
+        step since the block's previous computed step, in its state and in its trace row."""
+        rec, index, step, last_step = call.rec, self.index, call.step, st.last_step
+
+        def resolve(vals: list[float]) -> None:
+            st.gamma = dmpq.ratio(vals[0], vals[1])
+            if compare:
+                st.delta_sim = tdc.change_rate(*(vals[4:6] if forecasted else vals[2:4]), step, last_step)
+            row = rec.blocks[index]
+            if row is not None:  # else the block's row is written after this, from the state
+                row["gamma"], row["delta_sim"] = st.gamma, st.delta_sim
+        return resolve
 
     def _record(self, call: Call, st: BlockState, routing: dmpq.Routing, oratio: float | None,
                 decision: str) -> None:

@@ -41,6 +41,14 @@ Variants (options of the config, recorded in the trace's config and per cell; th
   per step of distance is the rate ``decide`` reads and ``accumulate`` adds (the zero-order rate until a
   forecast exists).
 
+* ``tdc_reuse="quadratic"`` — the second-order forecast (TaylorSeer's order 2, written for uneven spacing):
+  Newton's form through the last three computed deltas at steps s₂ < s₁ < s₀,
+  ``Δ̂_t = Δ₀ + (t − s₀)·D₁ + (t − s₀)(t − s₁)·D₂`` with ``D₁ = (Δ₀ − Δ₁)/(s₀ − s₁)`` and
+  ``D₂ = (D₁ − (Δ₁ − Δ₂)/(s₁ − s₂))/(s₀ − s₂)``; first order while only two exist. Two extra deltas per block
+  and stream are kept (CogVideoX-2B, 49 frames, CFG batched: ~4 GB per extra set of 30 blocks' deltas in bf16).
+  Everything said of ``"linear"`` holds for it (the probe is compared with its forecast, block mode charges
+  the forecast's error, attention scope forecasts the attention output).
+
 * ``tdc_reuse="scaled"`` (step mode) — MagCache's observation that the residuals' magnitude changes by about
   the same ratio in every block: a skipped block returns ``in + r·Δ_b`` with ``r = ‖Δ₀,t‖₁ / ‖ref‖₁``, the
   probe's video-stream magnitude now over its reference's (both already in the probe's statistics read).
@@ -69,10 +77,12 @@ of one step shrinks about as 1/N with N steps, so a fixed threshold skips more t
   the probe's drift rescaled to the drift of what a skip reuses (TeaCache/MagCache's idea: the proxy's
   change is not the skipped part's, and the ratio moves along the trajectory). Without a profile in the
   policy: ``"steps"``, stated in the trace's config (``tdc_threshold_resolved``).
-* ``tdc_reuse="auto"`` — ``"linear"`` (forecast; the probe compared with its forecast) at N ≥
-  ``tdc_forecast_steps``, where neighbouring steps' deltas are close enough to extrapolate, with the
+* ``tdc_reuse="auto"`` — ``"quadratic"`` (the second-order forecast; the probe compared with its forecast;
+  ``"linear"`` in attention scope) at N ≥ ``tdc_forecast_steps``, where neighbouring steps' deltas are close enough to extrapolate, with the
   threshold ``tdc_forecast_threshold`` (a forecast is closer than the last reference, so the same drift
   needs a lower bar); ``"last"`` with ``tdc_probe_threshold`` below. Block mode resolves it to ``"last"``.
+  (Sessions 10–13: ``"linear"`` with 0.05; session 14 measured the second order +3.7 dB at the same skips at
+  50 steps, docs/TDC.md §11.)
 * ``tdc_probe_route`` (with DMPQ) — the probe's linears run ``"fp16"`` activations (default) or ``"int8"``, not
   DMPQ's routes, and its attention bf16 (:func:`sixbit.dmpq.route` ``probe=True``): a quantized probe's drift
   has a noise floor above the thresholds at many steps (docs/TDC.md §9); its delta only decides.
@@ -110,12 +120,14 @@ from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
 __all__ = ["MODES", "REUSE", "SCOPES", "THRESHOLD_RULES", "delta_change_sums", "change_rate", "capped", "decide",
-           "accumulate", "step_skips", "resolve_reuse", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
+           "accumulate", "step_skips", "resolve_reuse", "forecast_order", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
 MODES = ("block", "step")
-#: what a skipped cell returns: the last computed delta, or its first-order forecast
-REUSE = ("last", "linear", "scaled", "auto")
+#: what a skipped cell returns: the last computed delta, its first- or second-order forecast, or it scaled
+REUSE = ("last", "linear", "quadratic", "scaled", "auto")
+#: the forecast order of each reuse (0: no forecast)
+ORDER = {"linear": 1, "quadratic": 2}
 #: how step mode's probe threshold follows the step count
 THRESHOLD_RULES = ("fixed", "steps", "profile")
 
@@ -159,12 +171,20 @@ def accumulate(acc_err: float, delta_sim: float | None) -> float:
 
 
 def resolve_reuse(cfg, num_steps: int | None) -> str:
-    """``tdc_reuse`` with ``"auto"`` resolved: ``"linear"`` in step mode at ``num_steps`` ≥
-    ``tdc_forecast_steps``, else ``"last"`` (also when the step count is unknown)."""
+    """``tdc_reuse`` with ``"auto"`` resolved: in step mode at ``num_steps`` ≥ ``tdc_forecast_steps`` a forecast —
+    ``"quadratic"`` of block deltas, ``"linear"`` of attention outputs (``tdc_scope="attention"``: the second order
+    lost 3.3 dB there, docs/TDC.md §11) — else ``"last"`` (also when the step count is unknown)."""
     if cfg.tdc_reuse != "auto":
         return cfg.tdc_reuse
     dense = cfg.tdc_mode == "step" and num_steps is not None and num_steps >= cfg.tdc_forecast_steps
-    return "linear" if dense else "last"
+    if not dense:
+        return "last"
+    return "linear" if cfg.tdc_scope == "attention" else "quadratic"
+
+
+def forecast_order(cfg, num_steps: int | None) -> int:
+    """The order of the forecast a skipped cell returns (0: the last delta itself; ``"scaled"`` is 0 too)."""
+    return ORDER.get(resolve_reuse(cfg, num_steps), 0)
 
 
 def probe_threshold(step: int, num_steps: int | None, cfg, profile=None) -> float:
@@ -172,8 +192,8 @@ def probe_threshold(step: int, num_steps: int | None, cfg, profile=None) -> floa
     ``tdc_forecast_threshold`` where ``tdc_reuse="auto"`` forecasts, else ``tdc_probe_threshold`` — × S/N
     (rules ``"steps"``, ``"profile"``; not when the step count is unknown), ÷ the calibrated weight of
     ``profile`` (a :class:`sixbit.policy.ProbeProfile`, rule ``"profile"``; None: no weight)."""
-    auto_linear = cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) == "linear"
-    theta = cfg.tdc_forecast_threshold if auto_linear else cfg.tdc_probe_threshold
+    auto_forecast = cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) != "last"
+    theta = cfg.tdc_forecast_threshold if auto_forecast else cfg.tdc_probe_threshold
     if cfg.tdc_threshold_rule == "fixed" or num_steps is None:
         return theta
     theta *= cfg.tdc_threshold_steps / num_steps
@@ -202,13 +222,25 @@ def fixed(index: int, num_blocks: int, cfg) -> bool:
 
 
 def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: int, last_step: int,
-             prev_step: int | None) -> list[torch.Tensor]:
-    """Δ̂ at ``step`` per stream: first-order extrapolation of ``prev`` (computed at ``prev_step``) and
-    ``delta`` (at ``last_step``); ``delta`` itself while there is no earlier delta."""
+             prev_step: int | None, prev2: list[torch.Tensor] | None = None,
+             prev2_step: int | None = None, onto: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Δ̂ at ``step`` per stream, extrapolated from ``delta`` (computed at ``last_step``), ``prev`` (at
+    ``prev_step``) and, for the second order, ``prev2`` (at ``prev2_step``): the module docstring's Newton form,
+    evaluated as its Lagrange weights (``w₀Δ₀ + w₁Δ₁ + w₂Δ₂``: three fused multiply-adds per stream, no
+    temporaries); first order without ``prev2``, ``delta`` itself while there is no earlier delta. ``onto``
+    (second order): the streams the forecast is added to (a skipped block's input), in the same passes."""
     if prev is None or prev_step is None or prev_step >= last_step:
-        return delta
-    s = (step - last_step) / (last_step - prev_step)
-    return [d + s * (d - p) for d, p in zip(delta, prev)]
+        return delta if onto is None else [x + d for x, d in zip(onto, delta)]
+    if prev2 is None or prev2_step is None or prev2_step >= prev_step:
+        s = (step - last_step) / (last_step - prev_step)
+        out = [d + s * (d - p) for d, p in zip(delta, prev)]
+        return out if onto is None else [x + f for x, f in zip(onto, out)]
+    t, s0, s1, s2 = step, last_step, prev_step, prev2_step
+    w0 = (t - s1) * (t - s2) / ((s0 - s1) * (s0 - s2))
+    w1 = (t - s0) * (t - s2) / ((s1 - s0) * (s1 - s2))
+    w2 = (t - s0) * (t - s1) / ((s2 - s0) * (s2 - s1))
+    base = [torch.mul(d, w0) for d in delta] if onto is None else [x.add(d, alpha=w0) for x, d in zip(onto, delta)]
+    return [b.add_(p, alpha=w1).add_(q, alpha=w2) for b, p, q in zip(base, prev, prev2)]
 
 
 SCHEDULE_FORMAT = "sixbit-skip-schedule"

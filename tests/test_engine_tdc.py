@@ -169,7 +169,11 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
     expected = SkipSchedule.load(path).resample(5)
     assert got.branches == expected.branches and got.num_blocks == 5
     assert h2.trace.to_dict()["summary"]["schedule_overrides"] == 0
-    assert calls and set(calls) <= {2, 4}  # every decision statistic passes the reduce hook
+    # every decision statistic passes the reduce hook, whole: (Γ, delta change) sums of 2 or 4 per computed
+    # block, deferred and sent together (at most one transfer per call beside PDR's reads, which decide now)
+    n_pdr = sum(b["computed"] and pdr_rule.applies(replay_cfg, s["step"], 8, not got.computed("cond_uncond", s["step"] + 1, i))
+                for s in h2.trace.to_dict()["steps"] for i, b in enumerate(s["blocks"]))
+    assert calls and all(n % 2 == 0 for n in calls) and len(calls) <= 8 + n_pdr
     assert expected.resample(3).branches == sched.branches  # resampling back recovers the pattern
     assert expected.resample(3).routes == sched.routes
 
@@ -327,6 +331,23 @@ def test_step_mode_threshold_refreshes_the_whole_step_and_moves_the_reference():
     d = handle.trace.to_dict()
     assert d["summary"]["skip_fraction"] == 0.0
     assert all(s["blocks"][0]["tdc"] == "probe_compute" for s in d["steps"])
+
+
+def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("tdc_only", tdc_reuse="quadratic", **{**FORCE, "tdc_first": 3})
+    handle = sixbit.apply(pipe, cfg)
+    calls = _capture(pipe.transformer.transformer_blocks[1])
+    generate(pipe, num_inference_steps=6)
+    d = handle.trace.to_dict()
+    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 3 + ["forecast"] * 3
+    dd = [[o - i for o, i in zip(calls[k]["out"], calls[k]["in"])] for k in range(3)]  # Δ at steps 0, 1, 2
+    for t in (3, 4, 5):
+        for s in range(2):
+            d1, d0 = dd[2][s] - dd[1][s], dd[1][s] - dd[0][s]  # unit spacing: Newton = Δ₂ + a·D₁ + a(a+1)/2·(D₁−D₀)
+            want = dd[2][s] + (t - 2) * d1 + (t - 2) * (t - 1) / 2 * (d1 - d0)
+            assert torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + want, atol=1e-5)
+    assert not torch.allclose(calls[3]["out"][0], calls[3]["in"][0] + 2 * dd[2][0] - dd[1][0], atol=1e-5)
 
 
 def test_linear_reuse_returns_input_plus_the_first_order_forecast():
@@ -513,3 +534,45 @@ def test_cap_and_fixed_block_rules():
     assert [tdc.fixed(b, 4, step) for b in range(4)] == [True, False, True, True]
     with pytest.raises(sixbit.config.ConfigError, match="tdc_max_skips"):
         c.replace(tdc_max_skips=-1)
+
+
+def _untimed(d):
+    """A trace dict without its timings (which differ between any two runs)."""
+    if isinstance(d, dict):
+        return {k: _untimed(v) for k, v in d.items() if k not in ("time_s", "setup_s", "peak_mem_bytes")}
+    if isinstance(d, list):
+        return [_untimed(v) for v in d]
+    return d
+
+
+@pytest.mark.parametrize("preset,fields,family", [
+    ("full_paper", dict(tdc_threshold=0.5, tdc_budget=2.0, tdc_first=1, pdr_rho=6e-4, pdr_k_sigma=3.0), "cogvideox"),
+    ("full", dict(tdc_probe_threshold=0.5, tdc_first=1, tdc_reuse="linear", pdr_rho=1.1e-3, pdr_k_sigma=3.0), "cogvideox"),
+    ("full_attn", dict(tdc_probe_threshold=0.5, tdc_first=1), "cogvideox"),
+    ("full_paper", dict(tdc_threshold=0.5, tdc_budget=2.0, tdc_first=1, tdc_reuse="linear"), "wan"),
+])
+def test_deferred_statistics_reads_change_nothing(monkeypatch, preset, fields, family):
+    """Γ and the delta change of a computed block are read when the call ends (``Run.defer``), not at once:
+    the same decisions, routes, trace values and output as reading every block's statistics immediately —
+    in block mode (where the next step decides from them), step mode with PDR (whose reads, which cannot wait,
+    carry what was deferred before them) and a forecast, attention scope, and separate CFG calls (Wan)."""
+    from sixbit.hooks import Run
+
+    def run(immediate: bool):
+        if immediate:
+            monkeypatch.setattr(Run, "defer", lambda self, stats, resolve: resolve(self.read(stats)))
+        pipe = (tiny_cogvideox_pipeline if family == "cogvideox" else tiny_wan_pipeline)(seed=0)
+        h = sixbit.apply(pipe, SixBitConfig.preset(preset, policy=None, **fields))
+        out = generate(pipe, num_inference_steps=8)
+        monkeypatch.undo()
+        return out, h.trace.to_dict()
+
+    (a, da), (b, db) = run(False), run(True)
+    assert torch.equal(a, b)
+    assert _untimed(da) == _untimed(db)
+    blocks = [blk for s in da["steps"] for blk in s["blocks"] if blk["computed"]]
+    assert any(blk["skipped"] is False for blk in blocks) and 0 < da["summary"]["skip_fraction"] < 1
+    assert all(isinstance(blk["gamma"], float) for blk in blocks)  # resolved in the trace, not left stale
+    if "pdr_rho" in fields:  # PDR fired at some checks and not at others
+        checked = [blk for blk in blocks if blk["outlier_ratio"] is not None]
+        assert 0 < da["summary"]["pdr_count"] < len(checked)

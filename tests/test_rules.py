@@ -196,6 +196,27 @@ def test_forecast_extrapolates_the_last_two_deltas_to_first_order():
     assert tdc.forecast(d1, None, 7, 4, None) is d1 and tdc.forecast(d1, d0, 7, 4, 4) is d1
 
 
+def test_quadratic_forecast_is_exact_on_a_quadratic_trajectory_with_uneven_spacing():
+    # Δ(t) = c + b·t + a·t² per element, computed at steps 1, 3, 4 (uneven), forecast at 6 and 9: exact
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randn(2, 7, 3, generator=g) for _ in range(3))
+    at = lambda t: [c + b * t + a * t * t]  # noqa: E731
+    for t in (6, 9):
+        got = tdc.forecast(at(4), at(3), t, 4, 3, at(1), 1)[0]
+        assert torch.allclose(got, at(t)[0], atol=1e-4)
+        # the first order misses the curvature; without prev2 (or a bad step order) it is the first order
+        assert not torch.allclose(tdc.forecast(at(4), at(3), t, 4, 3)[0], at(t)[0], atol=1e-2)
+        assert torch.equal(tdc.forecast(at(4), at(3), t, 4, 3, at(1), 3)[0], tdc.forecast(at(4), at(3), t, 4, 3)[0])
+    # non-finite values stay where they are (no silent cleaning): a NaN in the oldest delta poisons its elements only
+    old = at(1)[0].clone()
+    old[0, 0, 0] = float("nan")
+    got = tdc.forecast(at(4), at(3), 6, 4, 3, [old], 1)[0]
+    assert got[0, 0, 0].isnan() and torch.isfinite(got.flatten()[1:]).all()
+    assert tdc.forecast_order(SixBitConfig(tdc_reuse="quadratic"), 20) == 2
+    assert tdc.forecast_order(SixBitConfig(), 50) == 2 and tdc.forecast_order(SixBitConfig(), 20) == 0
+    assert tdc.forecast_order(SixBitConfig(tdc_reuse="linear"), 20) == 1
+
+
 def test_tdc_mode_and_reuse_are_validated_and_the_paper_preset_keeps_the_papers_rule():
     from sixbit.config import ConfigError
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import SixBitConfig, SkipSchedule
+from sixbit import SixBitConfig, SkipSchedule, tdc
 from sixbit.config import ConfigError
 from sixbit.testing import generate, tiny_cogvideox_pipeline, tiny_wan_pipeline
 
@@ -73,6 +73,20 @@ def test_linear_forecast_of_the_attention_output():
     a0, a1 = attn[0]["out"], attn[1]["out"]
     for t in (2, 3, 4):
         assert all(torch.equal(o, x1 + (t - 1) * (x1 - x0)) for o, x0, x1 in zip(attn[t]["out"], a0, a1))
+
+
+def test_quadratic_forecast_of_the_attention_output():
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_attn", tdc_reuse="quadratic", **{**FORCE, "tdc_first": 3}))
+    attn = []
+    _record(pipe.transformer.transformer_blocks[1].attn1, attn)
+    generate(pipe, num_inference_steps=6)
+    d = handle.trace.to_dict()
+    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 3 + ["attn_forecast"] * 3
+    a0, a1, a2 = (attn[k]["out"] for k in range(3))
+    for t in (3, 4, 5):
+        want = [tdc.forecast([x2], [x1], t, 2, 1, [x0], 0)[0] for x0, x1, x2 in zip(a0, a1, a2)]
+        assert all(torch.equal(o, w) for o, w in zip(attn[t]["out"], want))
 
 
 def test_state_resets_between_calls_and_shapes():

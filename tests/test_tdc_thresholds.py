@@ -51,7 +51,7 @@ def test_probe_threshold_rules_and_auto_reuse():
     assert tdc.probe_threshold(1, 3, prof, PROFILE) == pytest.approx(0.2 * 20 / 3 / 0.25)  # weight 0.5 / median 2
     assert tdc.probe_threshold(1, 3, prof, None) == tdc.probe_threshold(1, 3, c.replace(tdc_threshold_rule="steps"))
     auto = c.replace(tdc_reuse="auto", tdc_threshold_rule="steps", tdc_forecast_steps=40)
-    assert [tdc.resolve_reuse(auto, n) for n in (20, 39, 40, 50, None)] == ["last", "last", "linear", "linear", "last"]
+    assert [tdc.resolve_reuse(auto, n) for n in (20, 39, 40, 50, None)] == ["last", "last", "quadratic", "quadratic", "last"]
     assert tdc.probe_threshold(3, 50, auto) == pytest.approx(0.05 * 20 / 50)  # forecasting: its own threshold
     assert tdc.probe_threshold(3, 20, auto) == pytest.approx(0.2)
     assert tdc.resolve_reuse(auto.replace(tdc_mode="block"), 50) == "last"
@@ -176,7 +176,8 @@ def test_probe_profile_is_the_full_compute_drift_and_the_cli_writes_it(tmp_path,
 @pytest.mark.parametrize("fields", [dict(tdc_reuse="auto", tdc_forecast_steps=1, tdc_threshold_rule="steps"),
                                     dict(tdc_reuse="last", tdc_threshold_rule="profile")])
 def test_the_rules_add_no_statistics_read(fields):
-    """The per-step threshold is host arithmetic: still one (all-reducible) statistics read per computed block."""
+    """The per-step threshold is host arithmetic: no statistics read added — per step the probe's read (its
+    drift decides now) and one transfer of the other computed blocks' deferred statistics (2 or 4 sums each)."""
     pipe = tiny_cogvideox_pipeline(seed=0)
     h = sixbit.apply(pipe, _cfg(tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9, **fields),
                      policy=Policy(linears={"x": sixbit.policy.LinearFit(1, 0)}, tau=0.1, probe_profile=PROFILE))
@@ -185,17 +186,25 @@ def test_the_rules_add_no_statistics_read(fields):
     generate(pipe, num_inference_steps=5)
     d = h.trace.to_dict()
     computed = sum(b["computed"] for s in d["steps"] for b in s["blocks"])
-    assert d["summary"]["skip_fraction"] > 0 and len(reads) == computed
+    assert d["summary"]["skip_fraction"] > 0 and len(reads) <= 2 * len(d["steps"])
+    assert 2 * computed <= sum(reads) <= 4 * computed
 
 
 def test_the_default_follows_the_step_count():
-    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; forecasting with 0.05·20/N from 40 steps."""
+    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; the second-order forecast with 0.075·20/N
+    from 40 steps (aggressive: 0.1)."""
     c = SixBitConfig()
     assert (c.tdc_threshold_rule, c.tdc_reuse, c.tdc_threshold_steps, c.tdc_forecast_steps) == ("steps", "auto", 20, 40)
     assert tdc.probe_threshold(5, 20, c) == pytest.approx(0.2) and tdc.resolve_reuse(c, 20) == "last"
     assert tdc.probe_threshold(5, 30, c) == pytest.approx(0.2 * 20 / 30) and tdc.resolve_reuse(c, 30) == "last"
-    assert tdc.probe_threshold(5, 50, c) == pytest.approx(0.02) and tdc.resolve_reuse(c, 50) == "linear"
+    assert tdc.probe_threshold(5, 50, c) == pytest.approx(0.03) and tdc.resolve_reuse(c, 50) == "quadratic"
     agg = SixBitConfig.preset("aggressive")
-    assert tdc.probe_threshold(5, 20, agg) == pytest.approx(0.3) and tdc.probe_threshold(5, 50, agg) == pytest.approx(0.03)
+    assert tdc.probe_threshold(5, 20, agg) == pytest.approx(0.3) and tdc.probe_threshold(5, 50, agg) == pytest.approx(0.04)
+    # attention scope: the first order at 0.05 from 40 steps (the second order lost there, docs/TDC.md §11)
+    for name in ("tdc_attn", "full_attn"):
+        att = SixBitConfig.preset(name)
+        assert tdc.resolve_reuse(att, 50) == "linear" and tdc.probe_threshold(5, 50, att) == pytest.approx(0.02)
+        assert tdc.resolve_reuse(att, 20) == "last"
+    assert tdc.resolve_reuse(c.replace(tdc_scope="attention"), 50) == "linear"
     for name in ("tdc_paper", "full_paper"):  # the paper's rule: block mode, plain reuse
         assert tdc.resolve_reuse(SixBitConfig.preset(name), 50) == "last"
