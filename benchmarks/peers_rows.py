@@ -463,7 +463,7 @@ def build_rows() -> list[Row]:
         # threshold (given for 20 steps, × 20/N); and the default's first-order forecast at a looser threshold
         *[R(f"sixbit_tdc_q2_{t:g}", "sixbit_tdc_q2", f"sixbit tdc_only, second-order forecast, probe {t:g}×20/N",
             sixbit_row("tdc_only", tdc_reuse="quadratic", tdc_probe_threshold=t),
-            settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t}) for t in (0.05, 0.075, 0.1, 0.2)],
+            settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t}) for t in (0.05, 0.075, 0.085, 0.1, 0.2)],
         R("sixbit_tdc_auto_0.075", "sixbit_tdc_auto", "sixbit tdc_only, forecast threshold 0.075×20/N",
           sixbit_row("tdc_only", tdc_forecast_threshold=0.075), settings={"tdc_forecast_threshold": 0.075}),
         R("sixbit_tdc_attn", "sixbit_tdc_attn", "sixbit tdc_attn (TDC attention reuse, no quantization)",

@@ -333,14 +333,20 @@ def test_step_mode_threshold_refreshes_the_whole_step_and_moves_the_reference():
     assert all(s["blocks"][0]["tdc"] == "probe_compute" for s in d["steps"])
 
 
-def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
+def _forced_forecast(reuse: str):
+    """Block 1 computed at steps 0-2 (a forecast needs two or three deltas), then forced to skip at 3-5 with
+    ``tdc_reuse=reuse``: (trace dict, block 1's captured calls)."""
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("tdc_only", tdc_reuse="quadratic", **{**FORCE, "tdc_first": 3})
-    handle = sixbit.apply(pipe, cfg)
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_reuse=reuse, **{**FORCE, "tdc_first": 3}))
     calls = _capture(pipe.transformer.transformer_blocks[1])
     generate(pipe, num_inference_steps=6)
     d = handle.trace.to_dict()
     assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 3 + ["forecast"] * 3
+    return d, calls
+
+
+def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
+    _, calls = _forced_forecast("quadratic")
     dd = [[o - i for o, i in zip(calls[k]["out"], calls[k]["in"])] for k in range(3)]  # Δ at steps 0, 1, 2
     for t in (3, 4, 5):
         for s in range(2):
@@ -351,14 +357,7 @@ def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
 
 
 def test_linear_reuse_returns_input_plus_the_first_order_forecast():
-    pipe = tiny_cogvideox_pipeline(seed=0)
-    # threshold/budget that let block 1 compute at steps 0-2 (the forecast needs two deltas) then skip
-    cfg = SixBitConfig.preset("tdc_only", tdc_reuse="linear", **{**FORCE, "tdc_first": 3})
-    handle = sixbit.apply(pipe, cfg)
-    calls = _capture(pipe.transformer.transformer_blocks[1])
-    generate(pipe, num_inference_steps=6)
-    d = handle.trace.to_dict()
-    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 3 + ["forecast"] * 3
+    d, calls = _forced_forecast("linear")
     d1 = [o - i for o, i in zip(calls[2]["out"], calls[2]["in"])]
     d0 = [o - i for o, i in zip(calls[1]["out"], calls[1]["in"])]
     for t in (3, 4, 5):

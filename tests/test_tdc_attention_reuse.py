@@ -62,27 +62,29 @@ def test_reused_attention_is_the_cached_output_and_the_mlp_runs_on_the_fresh_inp
     assert all(b["computed"] and b["skipped"] for s in d["steps"][1:] for b in s["blocks"][1:])
 
 
-def test_linear_forecast_of_the_attention_output():
+def _attention_forecast(reuse: str, computed: int):
+    """Block 1's attention computed at the first ``computed`` steps, then reused as a forecast for 3 steps:
+    its recorded attention calls."""
     pipe = tiny_cogvideox_pipeline(seed=0)
-    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_attn", tdc_reuse="linear", **{**FORCE, "tdc_first": 2}))
+    cfg = SixBitConfig.preset("tdc_attn", tdc_reuse=reuse, **{**FORCE, "tdc_first": computed})
+    handle = sixbit.apply(pipe, cfg)
     attn = []
     _record(pipe.transformer.transformer_blocks[1].attn1, attn)
-    generate(pipe, num_inference_steps=5)
+    generate(pipe, num_inference_steps=computed + 3)
     d = handle.trace.to_dict()
-    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 2 + ["attn_forecast"] * 3
+    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * computed + ["attn_forecast"] * 3
+    return attn
+
+
+def test_linear_forecast_of_the_attention_output():
+    attn = _attention_forecast("linear", 2)
     a0, a1 = attn[0]["out"], attn[1]["out"]
     for t in (2, 3, 4):
         assert all(torch.equal(o, x1 + (t - 1) * (x1 - x0)) for o, x0, x1 in zip(attn[t]["out"], a0, a1))
 
 
 def test_quadratic_forecast_of_the_attention_output():
-    pipe = tiny_cogvideox_pipeline(seed=0)
-    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_attn", tdc_reuse="quadratic", **{**FORCE, "tdc_first": 3}))
-    attn = []
-    _record(pipe.transformer.transformer_blocks[1].attn1, attn)
-    generate(pipe, num_inference_steps=6)
-    d = handle.trace.to_dict()
-    assert [s["blocks"][1]["tdc"] for s in d["steps"]] == ["compute"] * 3 + ["attn_forecast"] * 3
+    attn = _attention_forecast("quadratic", 3)
     a0, a1, a2 = (attn[k]["out"] for k in range(3))
     for t in (3, 4, 5):
         want = [tdc.forecast([x2], [x1], t, 2, 1, [x0], 0)[0] for x0, x1, x2 in zip(a0, a1, a2)]
