@@ -566,7 +566,8 @@ class BlockHook(ModelHook):
                                           "why": a.why, "emulated": emulated}
 
     def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> str:
-        """Measure the computed block (Γ, its delta's change) with one read, update the cache; returns the
+        """Measure the computed block (Γ, its delta's change: read now for the probe, whose drift decides this
+        step, deferred to the call's end otherwise), update the cache; returns the
         trace's TDC decision of the cell: "compute", a tail block's "tail_compute", or the probe's
         "probe_skip"/"probe_compute"/"probe_capped" (under the threshold, computed by ``tdc_max_skips``)."""
         cfg = self.method.cfg

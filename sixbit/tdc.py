@@ -227,8 +227,8 @@ def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: i
     """Δ̂ at ``step`` per stream, extrapolated from ``delta`` (computed at ``last_step``), ``prev`` (at
     ``prev_step``) and, for the second order, ``prev2`` (at ``prev2_step``): the module docstring's Newton form,
     evaluated as its Lagrange weights (``w₀Δ₀ + w₁Δ₁ + w₂Δ₂``: three fused multiply-adds per stream, no
-    temporaries); first order without ``prev2``, ``delta`` itself while there is no earlier delta. ``onto``
-    (second order): the streams the forecast is added to (a skipped block's input), in the same passes."""
+    temporaries); first order without ``prev2``, ``delta`` itself while there is no earlier delta. ``onto``: the
+    streams the forecast is added to (a skipped block's input) — for the second order within the same passes."""
     if prev is None or prev_step is None or prev_step >= last_step:
         return delta if onto is None else [x + d for x, d in zip(onto, delta)]
     if prev2 is None or prev2_step is None or prev2_step >= prev_step:
