@@ -464,6 +464,12 @@ def build_rows() -> list[Row]:
         *[R(f"sixbit_tdc_q2_{t:g}", "sixbit_tdc_q2", f"sixbit tdc_only, second-order forecast, probe {t:g}×20/N",
             sixbit_row("tdc_only", tdc_reuse="quadratic", tdc_probe_threshold=t),
             settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t}) for t in (0.05, 0.075, 0.085, 0.1, 0.2)],
+        # the same with the probe compared with its last computed delta (cache-dit DBCache's rule; session 14)
+        *[R(f"sixbit_tdc_q2last_{t:g}", "sixbit_tdc_q2", f"sixbit tdc_only, second-order forecast, probe vs its last "
+            f"delta, {t:g}×20/N", sixbit_row("tdc_only", tdc_reuse="quadratic", tdc_probe_threshold=t,
+                                              tdc_probe_reference="last"),
+            settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t, "tdc_probe_reference": "last"})
+          for t in (0.1, 0.15, 0.2, 0.25, 0.3)],
         R("sixbit_tdc_auto_0.075", "sixbit_tdc_auto", "sixbit tdc_only, forecast threshold 0.075×20/N",
           sixbit_row("tdc_only", tdc_forecast_threshold=0.075), settings={"tdc_forecast_threshold": 0.075}),
         R("sixbit_tdc_attn", "sixbit_tdc_attn", "sixbit tdc_attn (TDC attention reuse, no quantization)",

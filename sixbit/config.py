@@ -34,8 +34,9 @@ Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benc
 "Defaults"; TDC's mode and probe threshold from ``benchmarks/results/tdc_curves_mini_20*``, docs/TDC.md):
 ``balanced`` skips ~50 % of block evaluations (step mode, probe threshold 0.2), ``aggressive`` ~57 %
 (0.3). Step mode's thresholds are given for 20 steps and follow the step count N (``tdc_threshold_rule="steps"``:
-× 20/N; ``tdc_reuse="auto"``: from 40 steps on the second-order forecast with 0.075 × 20/N, ``aggressive`` 0.1;
-docs/TDC.md §11: at 50 steps ~50 % skipped at 56.0 dB, TDC alone). They are starting points for other models, not calibrated
+× 20/N; ``tdc_reuse="auto"``: from 40 steps on the second-order forecast, the probe compared with its last
+delta at the same θ·20/N (``tdc_probe_reference="last"``; docs/TDC.md §11: at 50 steps 52 % skipped at 55.3 dB,
+TDC alone). They are starting points for other models, not calibrated
 values (``tdc_threshold_rule="profile"`` reads per-step weights calibrated into the policy).
 
 What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
@@ -284,10 +285,19 @@ class SixBitConfig:
     )
     tdc_forecast_threshold: float = _f(
         0.075,
-        "tdc_reuse='auto' where it forecasts: the probe threshold instead of tdc_probe_threshold (the probe is then "
-        "compared with its forecast, which is closer than the last reference); scaled by the threshold rule.",
+        "tdc_reuse='auto' where it forecasts and tdc_probe_reference='forecast': the probe threshold instead of "
+        "tdc_probe_threshold (a forecast is closer than the last reference); scaled by the threshold rule.",
         min=0.0,
         label="TDC forecast probe threshold",
+    )
+    tdc_probe_reference: str = _f(
+        "last",
+        "Step mode with a forecasting reuse: what the probe's delta is compared with — 'last' = its last computed "
+        "delta, cache-dit DBCache's rule, thresholded by tdc_probe_threshold like plain reuse (the default since "
+        "session 14: +~1 dB at the same skips at 50 steps, docs/TDC.md §11); 'forecast' = the forecast of it, what "
+        "the skipped blocks will use, thresholded by tdc_forecast_threshold under 'auto' (sessions 10–14).",
+        choices=("forecast", "last"),
+        label="TDC probe compared with",
     )
     tdc_tail: int = _f(
         0,
@@ -454,17 +464,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     "fp16": dict(quant="off", tdc=False, pdr=False, attention="bf16"),
     "balanced": dict(),
     "full": dict(),
-    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3,
-                       tdc_forecast_threshold=0.1, tdc_first=1),
+    "aggressive": dict(target_bits=4.75, tdc_threshold=0.2, tdc_budget=0.5, tdc_probe_threshold=0.3, tdc_first=1),
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False, attention="bf16"),
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
     "full_paper": dict(tdc_mode="block", tdc_reuse="last"),
     "dmpq_tdc": dict(pdr=False),
     "fast": dict(int8_route=W8A8, nvfp4_route="auto", attention_after_skip="policy"),
-    # attention scope forecasts to first order at 0.05 from 40 steps (measured there; the second order lost 3.3 dB)
-    "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention", tdc_forecast_threshold=0.05),
-    "full_attn": dict(tdc_scope="attention", tdc_forecast_threshold=0.05),
+    # attention scope: from 40 steps the first-order forecast, the probe compared with it at 0.05·20/N (measured
+    # there, sessions 10–13; the second order lost 3.3 dB)
+    "tdc_attn": dict(quant="off", pdr=False, attention="bf16", tdc_scope="attention", tdc_probe_reference="forecast",
+                     tdc_forecast_threshold=0.05),
+    "full_attn": dict(tdc_scope="attention", tdc_probe_reference="forecast", tdc_forecast_threshold=0.05),
     "w4a4": dict(quant="w4a4", **_STATIC),
     "w4a8": dict(quant="w4a8", **_STATIC),
     "w8a8": dict(quant="w8a8", **_STATIC),

@@ -576,8 +576,10 @@ class BlockHook(ModelHook):
         keep = self.caches() and (probe or not self.attention_scope())
         compare = cached and keep
         order = tdc.forecast_order(cfg, call.num_steps)
-        # the probe is compared with what the skipped blocks will use (the forecast, when forecasting)
-        ref = (st.reused(call.step, order) if probe else st.delta) if compare else None
+        # the probe is compared with what the skipped blocks will use (the forecast, when forecasting), or with
+        # its last computed delta (tdc_probe_reference="last")
+        ref_order = order if cfg.tdc_probe_reference == "forecast" else 0
+        ref = (st.reused(call.step, ref_order) if probe else st.delta) if compare else None
         deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
         forecasted = compare and order > 0 and not probe and st.prev_delta is not None
         if forecasted:  # block mode: the error of the forecast this refresh replaces, charged to the budget

@@ -83,6 +83,10 @@ of one step shrinks about as 1/N with N steps, so a fixed threshold skips more t
   needs a lower bar); ``"last"`` with ``tdc_probe_threshold`` below. Block mode resolves it to ``"last"``.
   (Sessions 10–13: ``"linear"`` with 0.05; session 14 measured the second order +3.7 dB at the same skips at
   50 steps, docs/TDC.md §11.)
+* ``tdc_probe_reference`` (step mode, with a forecast) — the probe's delta is compared with its forecast
+  (``"forecast"``) or, as cache-dit's DBCache does, with its last computed delta (``"last"``: the drift since the
+  last computed step, thresholded by ``tdc_probe_threshold`` like plain reuse) while the skipped blocks still
+  return the forecast (docs/TDC.md §11).
 * ``tdc_probe_route`` (with DMPQ) — the probe's linears run ``"fp16"`` activations (default) or ``"int8"``, not
   DMPQ's routes, and its attention bf16 (:func:`sixbit.dmpq.route` ``probe=True``): a quantized probe's drift
   has a noise floor above the thresholds at many steps (docs/TDC.md §9); its delta only decides.
@@ -189,10 +193,13 @@ def forecast_order(cfg, num_steps: int | None) -> int:
 
 def probe_threshold(step: int, num_steps: int | None, cfg, profile=None) -> float:
     """Step mode's threshold on the probe's drift at ``step`` of ``num_steps`` (module docstring): the base —
-    ``tdc_forecast_threshold`` where ``tdc_reuse="auto"`` forecasts, else ``tdc_probe_threshold`` — × S/N
+    ``tdc_forecast_threshold`` where ``tdc_reuse="auto"`` forecasts and the probe is compared with the forecast,
+    else ``tdc_probe_threshold`` (also with ``tdc_probe_reference="last"``: the drift since the last computed
+    step, as without a forecast) — × S/N
     (rules ``"steps"``, ``"profile"``; not when the step count is unknown), ÷ the calibrated weight of
     ``profile`` (a :class:`sixbit.policy.ProbeProfile`, rule ``"profile"``; None: no weight)."""
-    auto_forecast = cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) != "last"
+    auto_forecast = (cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) != "last"
+                     and cfg.tdc_probe_reference == "forecast")
     theta = cfg.tdc_forecast_threshold if auto_forecast else cfg.tdc_probe_threshold
     if cfg.tdc_threshold_rule == "fixed" or num_steps is None:
         return theta

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import SixBitConfig, SkipSchedule
+from sixbit import SixBitConfig, SkipSchedule, tdc
 from sixbit import pdr as pdr_rule
 from sixbit.testing import generate, tiny_cogvideox_pipeline, tiny_wan_pipeline
 
@@ -322,6 +322,29 @@ def test_step_mode_probes_block_0_and_skips_the_rest_with_their_combined_residua
         delta = [o - i for o, i in zip(calls[0][t]["out"], calls[0][t]["in"])]
         drift = sum((a - b).abs().sum() for a, b in zip(delta, ref)) / sum(b.abs().sum() for b in ref)
         assert d["steps"][t]["blocks"][0]["delta_sim"] == pytest.approx(float(drift), rel=1e-5)
+
+
+@pytest.mark.parametrize("reference", ["forecast", "last"])
+def test_the_probe_is_compared_with_its_forecast_or_its_last_delta(reference):
+    """Second-order reuse, every step computed (threshold 0): the probe's statistic at step t is its drift from
+    the forecast of its delta ("forecast") or from its delta at step t − 1 ("last", cache-dit's rule)."""
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}, tdc_reuse="quadratic",
+                              tdc_probe_reference=reference)
+    handle = sixbit.apply(pipe, cfg)
+    calls = _capture(pipe.transformer.transformer_blocks[0])
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    deltas = [[o - i for o, i in zip(c["out"], c["in"])] for c in calls]
+    for t in range(3, 5):
+        if reference == "last":
+            ref = deltas[t - 1]
+        else:
+            ref = tdc.forecast(deltas[t - 1], deltas[t - 2], t, t - 1, t - 2, deltas[t - 3], t - 3)
+        drift = sum((a - b).abs().sum() for a, b in zip(deltas[t], ref)) / sum(b.abs().sum() for b in ref)
+        assert d["steps"][t]["blocks"][0]["delta_sim"] == pytest.approx(float(drift), rel=1e-4)
+    with pytest.raises(sixbit.config.ConfigError, match="tdc_probe_reference"):
+        cfg.replace(tdc_probe_reference="next")
 
 
 def test_step_mode_threshold_refreshes_the_whole_step_and_moves_the_reference():

@@ -50,11 +50,13 @@ def test_probe_threshold_rules_and_auto_reuse():
     prof = c.replace(tdc_threshold_rule="profile")
     assert tdc.probe_threshold(1, 3, prof, PROFILE) == pytest.approx(0.2 * 20 / 3 / 0.25)  # weight 0.5 / median 2
     assert tdc.probe_threshold(1, 3, prof, None) == tdc.probe_threshold(1, 3, c.replace(tdc_threshold_rule="steps"))
-    auto = c.replace(tdc_reuse="auto", tdc_threshold_rule="steps", tdc_forecast_steps=40)
+    auto = c.replace(tdc_reuse="auto", tdc_threshold_rule="steps", tdc_forecast_steps=40, tdc_probe_reference="forecast")
     assert [tdc.resolve_reuse(auto, n) for n in (20, 39, 40, 50, None)] == ["last", "last", "quadratic", "quadratic", "last"]
     assert tdc.probe_threshold(3, 50, auto) == pytest.approx(0.05 * 20 / 50)  # forecasting: its own threshold
     assert tdc.probe_threshold(3, 20, auto) == pytest.approx(0.2)
     assert tdc.resolve_reuse(auto.replace(tdc_mode="block"), 50) == "last"
+    # the probe compared with its last delta: the plain threshold, forecast or not
+    assert tdc.probe_threshold(3, 50, auto.replace(tdc_probe_reference="last")) == pytest.approx(0.2 * 20 / 50)
     assert tdc.resolve_reuse(c.replace(tdc_reuse="linear"), 5) == "linear"
     for field, bad in (("tdc_threshold_rule", "per_step"), ("tdc_threshold_steps", 0), ("tdc_forecast_steps", 0),
                        ("tdc_forecast_threshold", -0.1), ("tdc_reuse", "taylor")):
@@ -94,23 +96,27 @@ def test_steps_rule_equals_the_fixed_rule_at_the_scaled_threshold():
 
 @pytest.mark.parametrize("pipeline,branches", [(tiny_cogvideox_pipeline, 1), (tiny_wan_pipeline, 2)])
 def test_auto_reuse_forecasts_on_dense_schedules_only(pipeline, branches):
-    """CFG batched (CogVideoX) and separate (Wan): "auto" is "linear" with the forecast threshold from
-    tdc_forecast_steps steps on, "last" with the probe threshold below — the same runs as those set explicitly."""
+    """CFG batched (CogVideoX) and separate (Wan): "auto" is "quadratic" from tdc_forecast_steps steps on — with
+    the forecast threshold when the probe is compared with its forecast, with the probe threshold when it is
+    compared with its last delta (the default) — and "last" with the probe threshold below: the same runs as
+    those set explicitly."""
     n = 6
-    for forecast_steps, reuse, knob in ((n, "linear", "tdc_forecast_threshold"), (n + 1, "last", "tdc_probe_threshold")):
+    for forecast_steps, reuse, knob, ref in ((n, "quadratic", "tdc_forecast_threshold", "forecast"),
+                                             (n, "quadratic", "tdc_probe_threshold", "last"),
+                                             (n + 1, "last", "tdc_probe_threshold", "last")):
         pipe = pipeline(seed=1)
-        x = sorted(_drifts(pipe, n, tdc_reuse=reuse))[2]
-        explicit = sixbit.apply(pipe, _cfg(tdc_reuse=reuse, tdc_probe_threshold=x))
+        x = sorted(_drifts(pipe, n, tdc_reuse=reuse, tdc_probe_reference=ref))[2]
+        explicit = sixbit.apply(pipe, _cfg(tdc_reuse=reuse, tdc_probe_threshold=x, tdc_probe_reference=ref))
         want = generate(pipe, num_inference_steps=n)
         dw = explicit.trace.to_dict()
         explicit.remove()
         cfg = _cfg(tdc_reuse="auto", tdc_threshold_rule="steps", tdc_forecast_steps=forecast_steps,
-                   tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9)
+                   tdc_probe_threshold=1e9, tdc_forecast_threshold=1e9, tdc_probe_reference=ref)
         auto = sixbit.apply(pipe, cfg.replace(**{knob: x * n / 20}))
         assert torch.equal(generate(pipe, num_inference_steps=n), want)
         d = auto.trace.to_dict()
         assert _decisions(d) == _decisions(dw) and d["summary"]["skip_fraction"] > 0
-        assert any(b == ("forecast" if reuse == "linear" else "reuse") for s in _decisions(d) for b in s)
+        assert any(b == ("forecast" if reuse == "quadratic" else "reuse") for s in _decisions(d) for b in s)
         if branches == 2:
             assert [s["other_branches"]["uncond"]["blocks"][0]["tdc"] for s in d["steps"]] == \
                 [s["other_branches"]["uncond"]["blocks"][0]["tdc"] for s in dw["steps"]]
@@ -191,15 +197,16 @@ def test_the_rules_add_no_statistics_read(fields):
 
 
 def test_the_default_follows_the_step_count():
-    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; the second-order forecast with 0.075·20/N
-    from 40 steps (aggressive: 0.1)."""
+    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; the second-order forecast from 40 steps, the
+    probe compared with its last delta at the same 0.2·20/N (aggressive 0.3·20/N)."""
     c = SixBitConfig()
     assert (c.tdc_threshold_rule, c.tdc_reuse, c.tdc_threshold_steps, c.tdc_forecast_steps) == ("steps", "auto", 20, 40)
     assert tdc.probe_threshold(5, 20, c) == pytest.approx(0.2) and tdc.resolve_reuse(c, 20) == "last"
     assert tdc.probe_threshold(5, 30, c) == pytest.approx(0.2 * 20 / 30) and tdc.resolve_reuse(c, 30) == "last"
-    assert tdc.probe_threshold(5, 50, c) == pytest.approx(0.03) and tdc.resolve_reuse(c, 50) == "quadratic"
+    assert tdc.probe_threshold(5, 50, c) == pytest.approx(0.08) and tdc.resolve_reuse(c, 50) == "quadratic"
+    assert c.tdc_probe_reference == "last"
     agg = SixBitConfig.preset("aggressive")
-    assert tdc.probe_threshold(5, 20, agg) == pytest.approx(0.3) and tdc.probe_threshold(5, 50, agg) == pytest.approx(0.04)
+    assert tdc.probe_threshold(5, 20, agg) == pytest.approx(0.3) and tdc.probe_threshold(5, 50, agg) == pytest.approx(0.12)
     # attention scope: the first order at 0.05 from 40 steps (the second order lost there, docs/TDC.md §11)
     for name in ("tdc_attn", "full_attn"):
         att = SixBitConfig.preset(name)
