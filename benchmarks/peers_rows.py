@@ -459,11 +459,12 @@ def build_rows() -> list[Row]:
         R("sixbit_fast", "sixbit_fast", "sixbit fast (full on W8A8; NVFP4 decisions run INT8 without FP4 tensor cores)",
           sixbit_row("fast")),
         R("sixbit_aggressive", "sixbit_aggressive", "sixbit aggressive", sixbit_row("aggressive")),
-        # TDC alone with the second-order forecast (session 14; TaylorSeer's order 2), a sweep of the probe
-        # threshold (given for 20 steps, × 20/N); and the default's first-order forecast at a looser threshold
+        # TDC alone with the second-order forecast (session 14; TaylorSeer's order 2), the probe compared with the
+        # forecast (the default when these ran), a sweep of the probe threshold (given for 20 steps, × 20/N); and
+        # session 13's default (first order, forecast-compared) at a looser threshold
         *[R(f"sixbit_tdc_q2_{t:g}", "sixbit_tdc_q2", f"sixbit tdc_only, second-order forecast, probe {t:g}×20/N",
-            sixbit_row("tdc_only", tdc_reuse="quadratic", tdc_probe_threshold=t),
-            settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t}) for t in (0.05, 0.075, 0.085, 0.1, 0.2)],
+            sixbit_row("tdc_only", tdc_reuse="quadratic", tdc_probe_threshold=t, tdc_probe_reference="forecast"),
+            settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t, "tdc_probe_reference": "forecast"}) for t in (0.05, 0.075, 0.085, 0.1, 0.2)],
         # the same with the probe compared with its last computed delta (cache-dit DBCache's rule; session 14)
         *[R(f"sixbit_tdc_q2last_{t:g}", "sixbit_tdc_q2", f"sixbit tdc_only, second-order forecast, probe vs its last "
             f"delta, {t:g}×20/N", sixbit_row("tdc_only", tdc_reuse="quadratic", tdc_probe_threshold=t,
@@ -471,7 +472,8 @@ def build_rows() -> list[Row]:
             settings={"tdc_reuse": "quadratic", "tdc_probe_threshold": t, "tdc_probe_reference": "last"})
           for t in (0.1, 0.15, 0.2, 0.25, 0.3)],
         R("sixbit_tdc_auto_0.075", "sixbit_tdc_auto", "sixbit tdc_only, forecast threshold 0.075×20/N",
-          sixbit_row("tdc_only", tdc_forecast_threshold=0.075), settings={"tdc_forecast_threshold": 0.075}),
+          sixbit_row("tdc_only", tdc_forecast_threshold=0.075, tdc_probe_reference="forecast"),
+          settings={"tdc_forecast_threshold": 0.075, "tdc_probe_reference": "forecast"}),
         R("sixbit_tdc_attn", "sixbit_tdc_attn", "sixbit tdc_attn (TDC attention reuse, no quantization)",
           sixbit_row("tdc_attn")),
         # the memory row: the modulation linears (left in 16 bits by the presets) packed weight-only 4-bit too
