@@ -55,11 +55,9 @@ VARIANTS = {
                      "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_linear_steps": ("tdc_only", dict(tdc_mode="step", tdc_reuse="linear", tdc_threshold_rule="steps"),
                           "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_auto": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="steps",
-                                   tdc_probe_reference="forecast"),
+    "step_auto": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="steps"),
                   "tdc_forecast_threshold", (0.05, 0.075)),
-    "step_auto_profile": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="profile",
-                                           tdc_probe_reference="forecast"),
+    "step_auto_profile": ("tdc_only", dict(tdc_mode="step", tdc_reuse="auto", tdc_threshold_rule="profile"),
                           "tdc_forecast_threshold", (0.05, 0.075)),
     "step_attn": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", **FIXED), "tdc_probe_threshold",
                   PROBE_THRESHOLDS),
@@ -75,8 +73,14 @@ VARIANTS = {
 BLOCK_DEFAULTS = (0.165, 0.4)
 
 
+#: every variant above was measured (sessions 8–13) with the probe compared with the forecast it returns; the
+#: default became the last-delta probe in session 14 (docs/TDC.md §11), so the variants keep what they measured
+MEASURED_WITH = dict(tdc_probe_reference="forecast")
+
+
 def variant_config(variant: str, knob: float):
     preset, fields, name, _ = VARIANTS[variant]
+    fields = {**MEASURED_WITH, **fields}
     if name == "scale":
         fields = {**fields, "tdc_threshold": BLOCK_DEFAULTS[0] * knob, "tdc_budget": BLOCK_DEFAULTS[1] * knob}
     else:

@@ -495,11 +495,7 @@ class BlockHook(ModelHook):
         rec.attention[self.index] = {"route": SKIPPED, "pred_err": None, "why": "attn_reuse", "emulated": False}
         if measured:  # Γ of this evaluation (its residual holds the reused attention), read with the call's others
             _, sums = block_stats(self.method.adapter.streams_out(output), streams, None, False, cfg.backend)
-            row = rec.blocks[self.index]
-
-            def resolve(vals):
-                row["gamma"] = st.gamma = dmpq.ratio(vals[0], vals[1])
-            self.run.defer(sums, resolve)
+            self.run.defer(sums, self._resolver(call, st, compare=False, forecasted=False))
         return output
 
     def probes(self) -> bool:
@@ -513,16 +509,17 @@ class BlockHook(ModelHook):
 
     def _reuse(self, call: Call, st: BlockState, streams):
         reuse = tdc.resolve_reuse(self.method.cfg, call.num_steps)
+        order = tdc.ORDER.get(reuse, 0)
         if reuse == "scaled":
             out = [s + call.scale * d for s, d in zip(streams, st.delta)]
         else:
-            out = st.reused(call.step, tdc.ORDER.get(reuse, 0), onto=streams)
+            out = st.reused(call.step, order, onto=streams)
         st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
         st.skipped_last = True
         st.run_skips += 1
         call.rec.blocks[self.index] = {"computed": False, "skipped": True, "pdr": False, "gamma": None,
                                        "delta_sim": st.delta_sim, "acc_err": st.acc_err, "outlier_ratio": None,
-                                       "mode": "skip", "tdc": {"linear": "forecast", "quadratic": "forecast", "scaled": "scaled"}.get(reuse, "reuse")}
+                                       "mode": "skip", "tdc": "scaled" if reuse == "scaled" else "forecast" if order else "reuse"}
         for j in self.linears:
             call.rec.routes[j] = SKIPPED
             call.rec.pred_err[j] = None
