@@ -62,6 +62,10 @@ class Ctx:
     mag_ratios: list[float] | None = None
     schedule: dict | None = None  # sixbit rows: a recorded SkipSchedule dict (routes replayed at big sizes)
     num_blocks: int = 0
+    #: forced modes: the step count of the denoising loop the timed steps stand for (``peers speed --steps``);
+    #: sixbit rows resolve what depends on it (``tdc_reuse="auto"``: the forecast order, so its memory and the
+    #: cost of a skip) for that loop, not for the few timed steps
+    loop_steps: int | None = None
 
 
 @dataclass
@@ -364,6 +368,10 @@ def sixbit_row(preset: str, **overrides):
 
         cfg = sixbit.SixBitConfig.preset(preset, **overrides)
         sched = None
+        if ctx.mode is not None and ctx.loop_steps and cfg.tdc_reuse == "auto":
+            from sixbit.tdc import resolve_reuse
+
+            cfg = sixbit.SixBitConfig.preset(preset, **{**overrides, "tdc_reuse": resolve_reuse(cfg, ctx.loop_steps)})
         if ctx.mode is not None and cfg.tdc:
             sched = _forced_schedule(ctx, cfg.quantized, cfg.tdc_scope)
         handle = sixbit.apply(pipe, cfg, schedule=sched)

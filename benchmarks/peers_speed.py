@@ -28,7 +28,9 @@ protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
    bf16 diffusers row; speed-up = baseline / estimate. Rows without a cache: 50 × their T_full.
 
 sixbit's forced modes are skip schedules (all computed, with the routes recorded on sixbit-mini for DMPQ
-rows; all skipped), replayed through ``sixbit.apply(..., schedule=...)``. The denoising loop is timed with
+rows; all skipped), replayed through ``sixbit.apply(..., schedule=...)``, with what depends on the step count
+resolved for the ``--steps`` loop (``tdc_reuse="auto"``: the second-order forecast at 50 steps — its two extra
+delta sets are in the peak, its three-term forecast in ``T_skip`` — not the few timed steps' plain reuse). The denoising loop is timed with
 ``output_type="latent"`` and precomputed random prompt embeddings (the text encoder is not the subject).
 Results: ``peers_speed_<device>.{json,md}``; one JSON per size × family under ``--run-dir`` is reused on a
 re-run, so an interrupted run resumes where it stopped.
@@ -52,7 +54,8 @@ PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the 
             "size, its knob forced to compute every unit and to skip every unit it can, each mode warmed by an "
             "identical untimed call; saving per skipped unit = (T_full − T_skip) / (U_full − U_skip) from median "
             "step times; a row's 50-step loop = Σ_t T_full − saving · U_full · (1 − c_t) with c_t its computed "
-            "fraction at the same relative step on sixbit-mini; speed-up vs 50 × T_full of the bf16 baseline.")
+            "fraction at the same relative step on sixbit-mini; speed-up vs 50 × T_full of the bf16 baseline; sixbit's "
+            "step-count-dependent options (tdc_reuse='auto') resolved for the 50-step loop.")
 
 #: one representative row per family (its documented setting); the order the GPU run takes them in
 DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache_ts",
@@ -135,7 +138,8 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
     pipe = random_cogvideox(size, device, dtype, text_encoder=False)
     call = _call(pipe, size, args, device, dtype)
     nb = len(pipe.transformer.transformer_blocks)
-    undo = row.apply(pipe, Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb))
+    undo = row.apply(pipe, Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb,
+                         loop_steps=args.steps))
     try:
         rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
         c0, t0 = _compiles(), time.perf_counter()

@@ -257,6 +257,21 @@ def test_sixbit_forced_modes_replay_schedules():
         assert ("replay" in modes) == (mode == "compute"), modes
 
 
+def test_sixbit_forced_modes_resolve_the_step_count_options_for_the_estimated_loop():
+    """A speed mode times a few steps for a 50-step loop: ``tdc_reuse="auto"`` takes the 50-step loop's forecast
+    (its memory and skip cost are what the estimate needs), not the timed steps' plain reuse."""
+    for loop, expect in ((50, "quadratic"), (None, "auto")):
+        pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+        undo = ROWS["sixbit_tdc_only"].apply(pipe, Ctx(STEPS, torch.device("cpu"), mode="skip", num_blocks=LAYERS,
+                                                       loop_steps=loop))
+        try:
+            assert pipe._peers_sixbit.cfg.tdc_reuse == expect
+            _, wc = _run(pipe)
+        finally:
+            undo()
+        assert wc.fraction() == pytest.approx(1.0 / STEPS)
+
+
 def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):
     """The GPU half's code path on the CPU: forced modes, warm-up + timed calls, counts, result files."""
     import json
