@@ -30,8 +30,9 @@ protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
 sixbit's forced modes are skip schedules (all computed, with the routes recorded on sixbit-mini for DMPQ
 rows; all skipped), replayed through ``sixbit.apply(..., schedule=...)``, with what depends on the step count
 resolved for the ``--steps`` loop (``tdc_reuse="auto"``: the second-order forecast at 50 steps — its two extra
-delta sets are in the peak, its three-term forecast in ``T_skip`` — not the few timed steps' plain reuse). The denoising loop is timed with
-``output_type="latent"`` and precomputed random prompt embeddings (the text encoder is not the subject).
+delta sets are in the peak, its three-term forecast in ``T_skip`` — not the few timed steps' plain reuse). The
+denoising loop is timed with ``output_type="latent"`` and precomputed random prompt embeddings (the text encoder
+is not the subject).
 Results: ``peers_speed_<device>.{json,md}``; one JSON per size × family under ``--run-dir`` is reused on a
 re-run, so an interrupted run resumes where it stopped.
 """
