@@ -232,11 +232,13 @@ class SixBitConfig:
         "auto",
         "What a skipped block returns: 'last' = input + its last computed Δ (the paper's); 'linear' = input + "
         "the first-order forecast of Δ from its last two computed deltas (one more Δ per block kept); 'quadratic' "
-        "= the second-order forecast from the last three (TaylorSeer's order 2; two more Δ kept); 'scaled' "
+        "= the second-order forecast from the last three (TaylorSeer's order 2; two more Δ kept); 'magnitude' "
+        "(block scope) = input + the last Δ with its size extrapolated from the last two (one more Δ kept; +2.1 dB "
+        "at 20 steps on sixbit-mini, docs/TDC.md §12); 'scaled' "
         "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style); 'auto' (step "
         "mode) = 'quadratic' ('linear' in attention scope) at tdc_forecast_steps steps or more, with "
         "tdc_forecast_threshold, else 'last' (block mode: 'last'; docs/TDC.md §11).",
-        choices=("last", "linear", "quadratic", "scaled", "auto"),
+        choices=("last", "linear", "quadratic", "magnitude", "scaled", "auto"),
         label="TDC reuse",
     )
     tdc_scope: str = _f(
@@ -450,8 +452,8 @@ def _validate(cfg: SixBitConfig) -> None:
         if cfg.tdc_mode != "step":
             raise ConfigError("SixBitConfig.tdc_scope='attention' needs tdc_mode='step' (block mode decides from each "
                               f"block's own cached delta, which attention reuse does not keep), got {cfg.tdc_mode!r}")
-        if cfg.tdc_reuse == "scaled":
-            raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales cached block deltas by the probe's magnitude "
+        if cfg.tdc_reuse in ("scaled", "magnitude"):
+            raise ConfigError(f"SixBitConfig.tdc_reuse={cfg.tdc_reuse!r} scales cached block deltas by a magnitude "
                               "ratio: not defined for tdc_scope='attention' (use 'last' or 'linear')")
     if cfg.tdc_reuse == "scaled" and cfg.tdc_mode != "step":
         raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales by the probe's magnitude ratio: it needs "

@@ -318,13 +318,15 @@ class BlockState(BaseState):
     def drop_deltas(self) -> None:
         self.delta = self.prev_delta = self.prev2_delta = self.attn = self.prev_attn = self.prev2_attn = None
 
-    def reused(self, step: int, order: int, onto: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """What a skip at ``step`` adds to the block's input: the cached Δ (order 0) or its forecast; with
-        ``onto`` (the block's input streams), their sum."""
+    def reused(self, step: int, order: int, onto: list[torch.Tensor] | None = None,
+               magnitude: bool = False) -> list[torch.Tensor]:
+        """What a skip at ``step`` adds to the block's input: the cached Δ (order 0) or its forecast (``magnitude``:
+        the last Δ with its size extrapolated, ``tdc_reuse="magnitude"``); with ``onto`` (the block's input
+        streams), their sum."""
         if not order:
             return self.delta if onto is None else [x + d for x, d in zip(onto, self.delta)]
         return tdc.forecast(self.delta, self.prev_delta, step, self.last_step, self.prev_step,
-                            self.prev2_delta if order > 1 else None, self.prev2_step, onto=onto)
+                            self.prev2_delta if order > 1 else None, self.prev2_step, onto=onto, magnitude=magnitude)
 
     def forecast_attention(self, step: int, order: int) -> list[torch.Tensor]:
         """Attention scope: the cached attention output (order 0) or its forecast at ``step``."""
@@ -513,7 +515,7 @@ class BlockHook(ModelHook):
         if reuse == "scaled":
             out = [s + call.scale * d for s, d in zip(streams, st.delta)]
         else:
-            out = st.reused(call.step, order, onto=streams)
+            out = st.reused(call.step, order, onto=streams, magnitude=reuse == "magnitude")
         st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
         st.skipped_last = True
         st.run_skips += 1
@@ -573,14 +575,15 @@ class BlockHook(ModelHook):
         keep = self.caches() and (probe or not self.attention_scope())
         compare = cached and keep
         order = tdc.forecast_order(cfg, call.num_steps)
+        mag = tdc.resolve_reuse(cfg, call.num_steps) == "magnitude"
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting), or with
         # its last computed delta (tdc_probe_reference="last")
         ref_order = order if cfg.tdc_probe_reference == "forecast" else 0
-        ref = (st.reused(call.step, ref_order) if probe else st.delta) if compare else None
+        ref = (st.reused(call.step, ref_order, magnitude=mag) if probe else st.delta) if compare else None
         deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
         forecasted = compare and order > 0 and not probe and st.prev_delta is not None
         if forecasted:  # block mode: the error of the forecast this refresh replaces, charged to the budget
-            fnum, fden = tdc.delta_change_sums(deltas, st.reused(call.step, order))
+            fnum, fden = tdc.delta_change_sums(deltas, st.reused(call.step, order, magnitude=mag))
             sums = torch.cat([sums, torch.stack([fnum, fden]).to(sums)])
         st.skipped_last = False
         capped = False

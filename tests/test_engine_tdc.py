@@ -379,6 +379,22 @@ def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
     assert not torch.allclose(calls[3]["out"][0], calls[3]["in"][0] + 2 * dd[2][0] - dd[1][0], atol=1e-5)
 
 
+def test_magnitude_reuse_returns_input_plus_the_last_delta_with_its_size_extrapolated():
+    d, calls = _forced_forecast("magnitude")
+    d1 = [o - i for o, i in zip(calls[2]["out"], calls[2]["in"])]
+    d0 = [o - i for o, i in zip(calls[1]["out"], calls[1]["in"])]
+    for t in (3, 4, 5):
+        for s in range(2):
+            r = (d1[s].abs().mean() / d0[s].abs().mean()).clamp(*tdc.MAGNITUDE_CLAMP) ** (t - 2)
+            assert torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + r * d1[s], atol=1e-5)
+            assert not torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + d1[s], atol=1e-5)  # not plain reuse
+    # block mode charges the error of this forecast: at step 2 the one from steps 0, 1
+    dm = [o - i for o, i in zip(calls[0]["out"], calls[0]["in"])]
+    fc = [b * (b.abs().mean() / a.abs().mean()).clamp(*tdc.MAGNITUDE_CLAMP) for a, b in zip(dm, d0)]
+    err = sum((x - y).abs().sum() for x, y in zip(d1, fc)) / sum(y.abs().sum() for y in fc)
+    assert d["steps"][2]["blocks"][1]["delta_sim"] == pytest.approx(float(err), rel=1e-4)
+
+
 def test_linear_reuse_returns_input_plus_the_first_order_forecast():
     d, calls = _forced_forecast("linear")
     d1 = [o - i for o, i in zip(calls[2]["out"], calls[2]["in"])]

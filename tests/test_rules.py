@@ -217,6 +217,33 @@ def test_quadratic_forecast_is_exact_on_a_quadratic_trajectory_with_uneven_spaci
     assert tdc.forecast_order(SixBitConfig(tdc_reuse="linear"), 20) == 1
 
 
+def test_magnitude_forecast_extrapolates_the_size_only_clamped_and_keeps_non_finite_elements_in_place():
+    # Δ(t) = D·g^t per stream: the size ratio extrapolated is exact, whatever the spacing
+    g = torch.Generator().manual_seed(2)
+    D = [torch.randn(2, 7, 3, generator=g), torch.randn(2, 4, 3, generator=g)]
+    at = lambda t, q=1.3: [x * q ** t for x in D]  # noqa: E731
+    for t in (5, 8):
+        got = tdc.forecast(at(4), at(2), t, 4, 2, magnitude=True)
+        assert all(torch.allclose(a, b, rtol=1e-5) for a, b in zip(got, at(t)))
+        onto = [torch.ones_like(x) for x in D]
+        got = tdc.forecast(at(4), at(2), t, 4, 2, onto=onto, magnitude=True)
+        assert all(torch.allclose(a, 1 + b, rtol=1e-5) for a, b in zip(got, at(t)))
+    # a per-step ratio of 3 is clamped at 2 before it is extrapolated; without an earlier delta: the last one
+    got = tdc.forecast(at(4, 3.0), at(3, 3.0), 6, 4, 3, magnitude=True)
+    assert torch.allclose(got[0], at(4, 3.0)[0] * tdc.MAGNITUDE_CLAMP[1] ** 2, rtol=1e-5)
+    assert torch.equal(tdc.forecast(at(4), None, 6, 4, None, magnitude=True)[0], at(4)[0])
+    # a NaN / inf element stays where it is and does not move the stream's ratio
+    last = at(4)[0].clone()
+    last[0, 0, 0], last[1, 0, 0] = float("nan"), float("inf")
+    got = tdc.forecast([last], [at(3)[0]], 5, 4, 3, magnitude=True)[0]
+    assert got[0, 0, 0].isnan() and got[1, 0, 0].isinf()
+    fin = torch.ones_like(last, dtype=torch.bool)
+    fin[0, 0, 0] = fin[1, 0, 0] = False
+    r = (torch.where(fin, last, 0).abs().mean() / at(3)[0].abs().mean()).clamp(*tdc.MAGNITUDE_CLAMP)
+    assert torch.isfinite(got[fin]).all() and torch.allclose(got[fin], last[fin] * r, rtol=1e-5)
+    assert tdc.forecast_order(SixBitConfig(tdc_reuse="magnitude"), 20) == 1
+
+
 def test_tdc_mode_and_reuse_are_validated_and_the_paper_preset_keeps_the_papers_rule():
     from sixbit.config import ConfigError
 

@@ -223,6 +223,8 @@ def test_refusals_name_the_field():
         SixBitConfig.preset("tdc_attn", tdc_mode="block")
     with pytest.raises(ConfigError, match="tdc_reuse='scaled'"):
         SixBitConfig.preset("tdc_attn", tdc_reuse="scaled")
+    with pytest.raises(ConfigError, match="tdc_reuse='magnitude'"):
+        SixBitConfig.preset("tdc_attn", tdc_reuse="magnitude")
     with pytest.raises(ConfigError, match="tdc_scope must be one of"):
         SixBitConfig(tdc_scope="mlp")
     pipe = tiny_cogvideox_pipeline(seed=0)
