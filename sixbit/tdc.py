@@ -135,7 +135,8 @@ __all__ = ["MODES", "REUSE", "SCOPES", "THRESHOLD_RULES", "delta_change_sums", "
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
 MODES = ("block", "step")
-#: what a skipped cell returns: the last computed delta, its first- or second-order forecast, or it scaled
+#: what a skipped cell returns: the last computed delta, its first- or second-order forecast, the last delta with
+#: its size extrapolated, or it scaled by the probe's ratio
 REUSE = ("last", "linear", "quadratic", "magnitude", "scaled", "auto")
 #: the forecast order of each reuse (0: no forecast)
 ORDER = {"linear": 1, "quadratic": 2, "magnitude": 1}
