@@ -371,7 +371,7 @@ def sixbit_row(preset: str, **overrides):
         if ctx.mode is not None and ctx.loop_steps and cfg.tdc_reuse == "auto":
             from sixbit.tdc import resolve_reuse
 
-            cfg = sixbit.SixBitConfig.preset(preset, **{**overrides, "tdc_reuse": resolve_reuse(cfg, ctx.loop_steps)})
+            cfg = cfg.replace(tdc_reuse=resolve_reuse(cfg, ctx.loop_steps))
         if ctx.mode is not None and cfg.tdc:
             sched = _forced_schedule(ctx, cfg.quantized, cfg.tdc_scope)
         handle = sixbit.apply(pipe, cfg, schedule=sched)

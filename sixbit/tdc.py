@@ -256,7 +256,7 @@ def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: i
         lo, hi = MAGNITUDE_CLAMP
         # the sizes over finite elements only: a non-finite element stays in its place, it does not poison the
         # stream's ratio (the output is not cleaned)
-        size = lambda t: t.abs().nan_to_num(nan=0.0, posinf=0.0).mean(dtype=torch.float32)  # noqa: E731
+        size = lambda t: t.abs().nan_to_num_(nan=0.0, posinf=0.0).mean(dtype=torch.float32)  # noqa: E731
         rs = [(size(d) / size(p).clamp_min(1e-30)).clamp(lo, hi).pow(s).to(d.dtype) for d, p in zip(delta, prev)]
         return [d * r for d, r in zip(delta, rs)] if onto is None else [x.addcmul(d, r) for x, d, r in zip(onto, delta, rs)]
     if prev2 is None or prev2_step is None or prev2_step >= prev_step:

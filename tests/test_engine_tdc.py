@@ -368,9 +368,14 @@ def _forced_forecast(reuse: str):
     return d, calls
 
 
+def _delta(call) -> list[torch.Tensor]:
+    """A captured block call's Δ per stream (output − input)."""
+    return [o - i for o, i in zip(call["out"], call["in"])]
+
+
 def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
     _, calls = _forced_forecast("quadratic")
-    dd = [[o - i for o, i in zip(calls[k]["out"], calls[k]["in"])] for k in range(3)]  # Δ at steps 0, 1, 2
+    dd = [_delta(calls[k]) for k in range(3)]  # Δ at steps 0, 1, 2
     for t in (3, 4, 5):
         for s in range(2):
             d1, d0 = dd[2][s] - dd[1][s], dd[1][s] - dd[0][s]  # unit spacing: Newton = Δ₂ + a·D₁ + a(a+1)/2·(D₁−D₀)
@@ -381,15 +386,14 @@ def test_quadratic_reuse_returns_input_plus_the_second_order_forecast():
 
 def test_magnitude_reuse_returns_input_plus_the_last_delta_with_its_size_extrapolated():
     d, calls = _forced_forecast("magnitude")
-    d1 = [o - i for o, i in zip(calls[2]["out"], calls[2]["in"])]
-    d0 = [o - i for o, i in zip(calls[1]["out"], calls[1]["in"])]
+    d1, d0 = _delta(calls[2]), _delta(calls[1])
     for t in (3, 4, 5):
         for s in range(2):
             r = (d1[s].abs().mean() / d0[s].abs().mean()).clamp(*tdc.MAGNITUDE_CLAMP) ** (t - 2)
             assert torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + r * d1[s], atol=1e-5)
             assert not torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + d1[s], atol=1e-5)  # not plain reuse
     # block mode charges the error of this forecast: at step 2 the one from steps 0, 1
-    dm = [o - i for o, i in zip(calls[0]["out"], calls[0]["in"])]
+    dm = _delta(calls[0])
     fc = [b * (b.abs().mean() / a.abs().mean()).clamp(*tdc.MAGNITUDE_CLAMP) for a, b in zip(dm, d0)]
     err = sum((x - y).abs().sum() for x, y in zip(d1, fc)) / sum(y.abs().sum() for y in fc)
     assert d["steps"][2]["blocks"][1]["delta_sim"] == pytest.approx(float(err), rel=1e-4)
@@ -397,13 +401,12 @@ def test_magnitude_reuse_returns_input_plus_the_last_delta_with_its_size_extrapo
 
 def test_linear_reuse_returns_input_plus_the_first_order_forecast():
     d, calls = _forced_forecast("linear")
-    d1 = [o - i for o, i in zip(calls[2]["out"], calls[2]["in"])]
-    d0 = [o - i for o, i in zip(calls[1]["out"], calls[1]["in"])]
+    d1, d0 = _delta(calls[2]), _delta(calls[1])
     for t in (3, 4, 5):
         for s in range(2):
             assert torch.allclose(calls[t]["out"][s], calls[t]["in"][s] + d1[s] + (t - 2) * (d1[s] - d0[s]), atol=1e-6)
     # the budget is charged with the forecast's error: at step 2 the forecast from steps 0, 1 was checked
-    fc = [2 * b - a for a, b in zip([o - i for o, i in zip(calls[0]["out"], calls[0]["in"])], d0)]
+    fc = [2 * b - a for a, b in zip(_delta(calls[0]), d0)]
     err = sum((x - y).abs().sum() for x, y in zip(d1, fc)) / sum(y.abs().sum() for y in fc)
     assert d["steps"][2]["blocks"][1]["delta_sim"] == pytest.approx(float(err), rel=1e-5)
 
