@@ -110,6 +110,9 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
     if not model:
         return {}
     fams, steps = model["families"], speed["steps"]
+    # what a family resolves from the step count (tdc_reuse="auto", ...) is taken from a run at the quality
+    # run's step count when one was merged in (the estimate still runs at the speed run's steps)
+    fams = {**fams, **model.get("by_steps", {}).get(str(quality.get("generation", {}).get("num_inference_steps")), {})}
     base = fams.get("baseline")
     if not base or "error" in base:
         return {}
@@ -135,18 +138,24 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
 def merge_speed(runs: list[dict]) -> dict:
     """One speed result from several runs (the GPU half split over calls of at most 10 minutes): per size ×
     family the newest run's entry, tagged with its source, and each run's own baseline (a row's speed-up is
-    against the baseline of the run that timed it, when that run timed one); the runs must share ``--steps``."""
+    against the baseline of the run that timed it, when that run timed one). The runs at the most ``--steps``
+    are the primary ones; a run at another step count (whose sixbit families resolve for that count) goes to
+    ``models[size]["by_steps"][str(steps)]``, which :func:`speed_rows` lays over the families of a quality run
+    at that count."""
     runs = sorted(runs, key=lambda r: r["environment"]["date"])
-    if len({r["steps"] for r in runs}) > 1:
-        raise SystemExit(f"speed runs with different --steps: {[(r['file'], r['steps']) for r in runs]}")
-    merged = {**runs[-1], "models": {}, "sources": [{k: r.get(k) or r["environment"].get(k)
-                                                     for k in ("file", "date", "command", "gpu")} for r in runs]}
+    steps = max(r["steps"] for r in runs)
+    primary = [r for r in runs if r["steps"] == steps]
+    merged = {**primary[-1], "models": {}, "sources": [{k: r.get(k) or r["environment"].get(k)
+                                                        for k in ("file", "date", "command", "gpu")}
+                                                       | {"steps": r["steps"]} for r in runs]}
     for r in runs:
         for size, m in r["models"].items():
             model = merged["models"].setdefault(size, {"families": {}, "baselines": {}})
+            fams = model["families"] if r["steps"] == steps else \
+                model.setdefault("by_steps", {}).setdefault(str(r["steps"]), {})
             for fam, e in m["families"].items():
-                if "error" not in e or fam not in model["families"]:
-                    model["families"][fam] = {**e, "source": r.get("file")}
+                if "error" not in e or fam not in fams:
+                    fams[fam] = {**e, "source": r.get("file")}
             if "error" not in m["families"].get("baseline", {"error": "none"}):
                 model["baselines"][r.get("file")] = m["families"]["baseline"]
     return merged
@@ -207,6 +216,11 @@ def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
         md.append("")
     if speed:
         md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"],
+               *([f"Families timed at {', '.join(sorted({k for m in speed['models'].values() for k in m.get('by_steps', {})}, key=int))} "
+                  "steps (their sixbit options resolved for that count) replace the primary run's in the quality "
+                  "table of the same step count: " + ", ".join(
+                      f"`{s['file']}` ({s['steps']} steps)" for s in speed["sources"] if s.get("steps") != speed["steps"])
+                  + "."] if any(m.get("by_steps") for m in speed["models"].values()) else []),
                "GPU-only caching rows borrow the mini work pattern of the CPU row with the same cache: "
                + ", ".join(f"`{a}` ← `{b}`" for a, b in PATTERN_FROM.items()) + ".", ""]
     else:

@@ -86,10 +86,17 @@ class Row:
 
 class WorkCounter:
     """Per transformer call, the batch rows each block's attention really computed (see the module
-    docstring). ``with WorkCounter(transformer) as wc: pipe(...)``; then ``wc.steps[t][b]``."""
+    docstring). ``with WorkCounter(transformer) as wc: pipe(...)``; then ``wc.steps[t][b]``.
 
-    def __init__(self, transformer):
+    ``per_block=False`` (rows without a cache, which compute every block): no hook inside the blocks, each call
+    counted as its batch rows × blocks. A hook inside a ``torch.compile``-d block is traced by TorchDynamo: the
+    growing counts become guards and every step recompiles the block until the recompile limit sends it back to
+    eager (session 17: both compile rows timed eager speed that way); made opaque with
+    ``torch.compiler.disable``, torch 2.11's Dynamo fails on it."""
+
+    def __init__(self, transformer, per_block: bool = True):
         self.tr = transformer
+        self.per_block = per_block
         self.blocks = list(transformer.transformer_blocks)
         self.steps: list[list[int]] = []
         self.batch = 0
@@ -99,10 +106,10 @@ class WorkCounter:
         def on_call(_mod, args, kwargs):
             hs = kwargs.get("hidden_states", args[0] if args else None)
             self.batch = int(hs.shape[0])
-            self.steps.append([0] * len(self.blocks))
+            self.steps.append([0 if self.per_block else self.batch] * len(self.blocks))
 
         self._hooks.append(self.tr.register_forward_pre_hook(on_call, with_kwargs=True))
-        for b, block in enumerate(self.blocks):
+        for b, block in enumerate(self.blocks if self.per_block else ()):
             def on_out(_mod, args, _out, _b=b):
                 if self.steps:
                     self.steps[-1][_b] += int(args[0].shape[0])
@@ -283,7 +290,14 @@ def dbcache(threshold: float, fn: int = 1, bn: int = 0, warmup: int = 8, taylors
 # ---------------------------------------------------------------------------------- torchao, SageAttention
 
 
-def torchao_quant(kind: str):
+#: the blocks' modulation linears (CogVideoX's ``norm1.linear``/``norm2.linear``): one row per batch entry
+MODULATION = (".norm1.linear", ".norm2.linear")
+
+
+def torchao_quant(kind: str, modulation: bool = True):
+    """torchao's dynamic quantization of every nn.Linear of the transformer (``modulation=False``: not the blocks'
+    modulation linears — under torch.compile torchao's int8 matmul lowers to cuBLAS ``_int_mm``, which refuses
+    fewer than 17 rows, and a modulation linear has 2)."""
     def apply(pipe, ctx: Ctx):
         from torchao.quantization import (
             Float8DynamicActivationFloat8WeightConfig,
@@ -294,7 +308,11 @@ def torchao_quant(kind: str):
 
         cfg = (Int8DynamicActivationInt8WeightConfig() if kind == "int8"
                else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
-        quantize_(pipe.transformer, cfg)
+        if modulation:
+            quantize_(pipe.transformer, cfg)
+        else:
+            quantize_(pipe.transformer, cfg,
+                      filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and not fqn.endswith(MODULATION))
         return _irreversible
     return apply
 
@@ -446,10 +464,13 @@ def build_rows() -> list[Row]:
         R("torchao_fp8_compile", "torchao_fp8_compile", "torchao fp8 dynamic + torch.compile of each block",
           stack(torchao_quant("fp8"), compile_blocks), caching=False, gpu_only=True,
           reason=NO_FP8 + " A GPU speed row: compilation fuses kernels; its quantization (quality) is torchao_fp8's."),
-        # torchao's documented pairing: int8 dynamic quantization + torch.compile (eager int8 is 3x slower than bf16)
-        R("torchao_int8_compile", "torchao_int8_compile", "torchao int8 dynamic + torch.compile of each block",
-          stack(torchao_quant("int8"), fuse_int_mm_with_mul, compile_blocks), caching=False, gpu_only=True,
-          reason="A GPU speed row: compilation fuses kernels; its quantization (quality) is torchao_int8's."),
+        # torchao's documented pairing: int8 dynamic quantization + torch.compile (eager int8 is 3x slower than bf16);
+        # compiled, the 2-row modulation linears fail in cuBLAS int8 (session 16, H200), so they stay bf16
+        R("torchao_int8_compile", "torchao_int8_compile",
+          "torchao int8 dynamic (modulation linears bf16) + torch.compile of each block",
+          stack(torchao_quant("int8", modulation=False), fuse_int_mm_with_mul, compile_blocks), caching=False,
+          gpu_only=True, reason="A GPU speed row: compilation fuses kernels; its quantization (quality) is about "
+          "torchao_int8's (the blocks' modulation linears stay bf16: compiled, cuBLAS int8 needs > 16 rows)."),
         R("sage", "sage", "SageAttention (sageattn for SDPA)", sage, caching=False, gpu_only=True, reason=NO_SAGE),
         # user-assembled stacks: the cache that leads on mini + quantization (+ SageAttention on GPU)
         R("stack_fbc_int8", "stack_fbc_int8", "FirstBlockCache 0.1 + torchao int8 dynamic",

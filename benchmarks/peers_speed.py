@@ -30,7 +30,9 @@ protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
 sixbit's forced modes are skip schedules (all computed, with the routes recorded on sixbit-mini for DMPQ
 rows; all skipped), replayed through ``sixbit.apply(..., schedule=...)``, with what depends on the step count
 resolved for the ``--steps`` loop (``tdc_reuse="auto"``: the second-order forecast at 50 steps — its two extra
-delta sets are in the peak, its three-term forecast in ``T_skip`` — not the few timed steps' plain reuse). The
+delta sets are in the peak, its three-term forecast in ``T_skip`` — the magnitude forecast at 20 — not the few
+timed steps' own resolution). The report takes a quality table's sixbit families from a run at that table's
+step count when there is one (``--steps 20`` for the 20-step table), else from the 50-step run. The
 denoising loop is timed with ``output_type="latent"`` and precomputed random prompt embeddings (the text encoder
 is not the subject).
 Results: ``peers_speed_<device>.{json,md}``; one JSON per size × family under ``--run-dir`` is reused on a
@@ -56,7 +58,7 @@ PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the 
             "identical untimed call; saving per skipped unit = (T_full − T_skip) / (U_full − U_skip) from median "
             "step times; a row's 50-step loop = Σ_t T_full − saving · U_full · (1 − c_t) with c_t its computed "
             "fraction at the same relative step on sixbit-mini; speed-up vs 50 × T_full of the bf16 baseline; sixbit's "
-            "step-count-dependent options (tdc_reuse='auto') resolved for the 50-step loop.")
+            "step-count-dependent options (tdc_reuse='auto') resolved for the run's --steps loop.")
 
 #: one representative row per family (its documented setting); the order the GPU run takes them in
 DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache_ts",
@@ -109,7 +111,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]]:
+def _timed(pipe, call: dict, steps: int, device, per_block: bool = True) -> tuple[list[float], list[int]]:
     marks: list[float] = []
 
     def cb(p, i, t, kw):
@@ -117,7 +119,7 @@ def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]
         marks.append(time.perf_counter())
         return {}
 
-    with WorkCounter(pipe.transformer) as wc:
+    with WorkCounter(pipe.transformer, per_block) as wc:
         _sync(device)
         t0 = time.perf_counter()
         pipe(**call, num_inference_steps=steps, generator=torch.Generator("cpu").manual_seed(0), callback_on_step_end=cb)
@@ -136,6 +138,7 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
     """One forced mode of one row on a fresh random-weight pipeline: warm-up call, then the timed call."""
     from benchmarks.common import random_cogvideox
 
+    torch._dynamo.reset()  # a mode compiles from scratch: no earlier row's graphs or recompile count carry over
     pipe = random_cogvideox(size, device, dtype, text_encoder=False)
     call = _call(pipe, size, args, device, dtype)
     nb = len(pipe.transformer.transformer_blocks)
@@ -144,13 +147,14 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
     try:
         rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
         c0, t0 = _compiles(), time.perf_counter()
-        _timed(pipe, call, args.timed_steps, device)  # warm-up: the same call, untimed (torch.compile runs here)
+        _timed(pipe, call, args.timed_steps, device, row.caching)  # warm-up: the same call, untimed (torch.compile runs here)
         c1 = _compiles()
         rec["warmup_s"], rec["compiles_warmup"] = time.perf_counter() - t0, c1 - c0
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device)
+        # rows without a cache compute every block: counted per call, no hook inside their (compiled) blocks
+        rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device, row.caching)
         rec["compiles_timed"] = _compiles() - c1  # 0 unless a guard failed: the timing would hold a compile
         if device.type == "cuda":
             rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))

@@ -63,12 +63,17 @@ VARIANTS = {
                   PROBE_THRESHOLDS),
     "step_attn_linear": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_reuse="linear", **FIXED),
                          "tdc_probe_threshold", PROBE_THRESHOLDS),
+    # session 16: the size of the last delta extrapolated (docs/TDC.md §12-§13), the probe against its last delta
+    "step_magnitude": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last"),
+                       "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_block": ("full", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
     "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last", **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_step_attn": ("full", dict(tdc_mode="step", tdc_scope="attention", **FIXED), "tdc_probe_threshold",
                        PROBE_THRESHOLDS),
     "full_step_linear": ("full", dict(tdc_mode="step", tdc_reuse="linear", **FIXED), "tdc_probe_threshold",
                          PROBE_THRESHOLDS),
+    "full_step_magnitude": ("full", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last"),
+                            "tdc_probe_threshold", PROBE_THRESHOLDS),
 }
 BLOCK_DEFAULTS = (0.165, 0.4)
 

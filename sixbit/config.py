@@ -36,7 +36,8 @@ Default thresholds were set on sixbit-mini (20 DDIM steps, CPU; the quality benc
 (0.3). Step mode's thresholds are given for 20 steps and follow the step count N (``tdc_threshold_rule="steps"``:
 × 20/N; ``tdc_reuse="auto"``: from 40 steps on the second-order forecast, the probe compared with its last
 delta at the same θ·20/N (``tdc_probe_reference="last"``; docs/TDC.md §11: at 50 steps 52 % skipped at 55.3 dB,
-TDC alone). They are starting points for other models, not calibrated
+TDC alone), below 40 steps the last delta with its size extrapolated (``"magnitude"``, docs/TDC.md §13). They
+are starting points for other models, not calibrated
 values (``tdc_threshold_rule="profile"`` reads per-step weights calibrated into the policy).
 
 What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
@@ -236,8 +237,9 @@ class SixBitConfig:
         "(block scope) = input + the last Δ with its size extrapolated from the last two (one more Δ kept; +2.1 dB "
         "at 20 steps on sixbit-mini, docs/TDC.md §12); 'scaled' "
         "(step mode) = input + Δ × the probe's magnitude ratio ‖Δ₀‖/‖reference‖ (MagCache-style); 'auto' (step "
-        "mode) = 'quadratic' ('linear' in attention scope) at tdc_forecast_steps steps or more, with "
-        "tdc_forecast_threshold, else 'last' (block mode: 'last'; docs/TDC.md §11).",
+        "mode) = 'quadratic' ('linear' in attention scope) at tdc_forecast_steps steps or more, 'magnitude' "
+        "('last' in attention scope) below; 'last' in block mode or with an unknown step count "
+        "(docs/TDC.md §11, §13).",
         choices=("last", "linear", "quadratic", "magnitude", "scaled", "auto"),
         label="TDC reuse",
     )
@@ -287,7 +289,8 @@ class SixBitConfig:
     )
     tdc_forecast_threshold: float = _f(
         0.075,
-        "tdc_reuse='auto' where it forecasts and tdc_probe_reference='forecast': the probe threshold instead of "
+        "tdc_reuse='auto' where it forecasts the whole delta (at tdc_forecast_steps steps or more) and "
+        "tdc_probe_reference='forecast': the probe threshold instead of "
         "tdc_probe_threshold (a forecast is closer than the last reference); scaled by the threshold rule.",
         min=0.0,
         label="TDC forecast probe threshold",

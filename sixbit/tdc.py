@@ -53,8 +53,10 @@ Variants (options of the config, recorded in the trace's config and per cell; th
   ``Δ̂_t = Δ₀ · r^((t − s₀)/(s₀ − s₁))`` with ``r = ‖Δ₀‖₁ / ‖Δ₁‖₁`` per block and stream, clamped to
   :data:`MAGNITUDE_CLAMP` — the first order of the log-magnitude only. At 20 steps, where the first-order
   forecast of the whole delta loses 4.7 dB (the deltas of computed steps two or three steps apart do not
-  extrapolate), the magnitude alone gains +2.1 dB at the same skips on sixbit-mini (docs/TDC.md §12). One extra
-  delta per block and stream is kept, as with ``"linear"`` (two L1 reductions per stream at each skip).
+  extrapolate), the magnitude alone gains +2.1 dB at the same skips on sixbit-mini (docs/TDC.md §12); what
+  ``"auto"`` resolves to below ``tdc_forecast_steps`` since session 16 (§13). One extra delta per block and stream
+  is kept, as with ``"linear"`` (+3.8 GiB at CogVideoX-2B); its two L1 reductions per stream at each skip do not
+  show in a skipped step's time (2B on the H200: 6 ms, plain reuse 7–8).
 
 * ``tdc_reuse="scaled"`` (step mode) — MagCache's observation that the residuals' magnitude changes by about
   the same ratio in every block: a skipped block returns ``in + r·Δ_b`` with ``r = ‖Δ₀,t‖₁ / ‖ref‖₁``, the
@@ -87,9 +89,10 @@ of one step shrinks about as 1/N with N steps, so a fixed threshold skips more t
 * ``tdc_reuse="auto"`` — ``"quadratic"`` (the second-order forecast; the probe compared with its forecast;
   ``"linear"`` in attention scope) at N ≥ ``tdc_forecast_steps``, where neighbouring steps' deltas are close enough to extrapolate, with the
   threshold ``tdc_forecast_threshold`` (a forecast is closer than the last reference, so the same drift
-  needs a lower bar); ``"last"`` with ``tdc_probe_threshold`` below. Block mode resolves it to ``"last"``.
-  (Sessions 10–13: ``"linear"`` with 0.05; session 14 measured the second order +3.7 dB at the same skips at
-  50 steps, docs/TDC.md §11.)
+  needs a lower bar); below, ``"magnitude"`` (``"last"`` in attention scope) with ``tdc_probe_threshold``.
+  Block mode and an unknown step count resolve it to ``"last"``. (Sessions 10–13: ``"linear"`` with 0.05;
+  session 14 measured the second order +3.7 dB at the same skips at 50 steps, docs/TDC.md §11; below 40 steps
+  ``"last"`` until session 16, docs/TDC.md §13.)
 * ``tdc_probe_reference`` (step mode, with a forecast) — the probe's delta is compared with its forecast
   (``"forecast"``) or, as cache-dit's DBCache does, with its last computed delta (``"last"``: the drift since the
   last computed step, thresholded by ``tdc_probe_threshold`` like plain reuse) while the skipped blocks still
@@ -183,15 +186,18 @@ def accumulate(acc_err: float, delta_sim: float | None) -> float:
 
 
 def resolve_reuse(cfg, num_steps: int | None) -> str:
-    """``tdc_reuse`` with ``"auto"`` resolved: in step mode at ``num_steps`` ≥ ``tdc_forecast_steps`` a forecast —
+    """``tdc_reuse`` with ``"auto"`` resolved, in step mode: at ``num_steps`` ≥ ``tdc_forecast_steps`` a forecast —
     ``"quadratic"`` of block deltas, ``"linear"`` of attention outputs (``tdc_scope="attention"``: the second order
-    lost 3.3 dB there, docs/TDC.md §11) — else ``"last"`` (also when the step count is unknown)."""
+    lost 3.3 dB there, docs/TDC.md §11); below it ``"magnitude"`` of block deltas (docs/TDC.md §13) and ``"last"``
+    of attention outputs. ``"last"`` in block mode and when the step count is unknown."""
     if cfg.tdc_reuse != "auto":
         return cfg.tdc_reuse
-    dense = cfg.tdc_mode == "step" and num_steps is not None and num_steps >= cfg.tdc_forecast_steps
-    if not dense:
+    if cfg.tdc_mode != "step" or num_steps is None:
         return "last"
-    return "linear" if cfg.tdc_scope == "attention" else "quadratic"
+    attention = cfg.tdc_scope == "attention"
+    if num_steps >= cfg.tdc_forecast_steps:
+        return "linear" if attention else "quadratic"
+    return "last" if attention else "magnitude"
 
 
 def forecast_order(cfg, num_steps: int | None) -> int:
@@ -201,12 +207,13 @@ def forecast_order(cfg, num_steps: int | None) -> int:
 
 def probe_threshold(step: int, num_steps: int | None, cfg, profile=None) -> float:
     """Step mode's threshold on the probe's drift at ``step`` of ``num_steps`` (module docstring): the base —
-    ``tdc_forecast_threshold`` where ``tdc_reuse="auto"`` forecasts and the probe is compared with the forecast,
+    ``tdc_forecast_threshold`` where ``tdc_reuse="auto"`` forecasts the whole delta (``"linear"``/``"quadratic"``,
+    at ``tdc_forecast_steps`` or more; not ``"magnitude"`` below) and the probe is compared with the forecast,
     else ``tdc_probe_threshold`` (also with ``tdc_probe_reference="last"``: the drift since the last computed
     step, as without a forecast) — × S/N
     (rules ``"steps"``, ``"profile"``; not when the step count is unknown), ÷ the calibrated weight of
     ``profile`` (a :class:`sixbit.policy.ProbeProfile`, rule ``"profile"``; None: no weight)."""
-    auto_forecast = (cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) != "last"
+    auto_forecast = (cfg.tdc_reuse == "auto" and resolve_reuse(cfg, num_steps) in ("linear", "quadratic")
                      and cfg.tdc_probe_reference == "forecast")
     theta = cfg.tdc_forecast_threshold if auto_forecast else cfg.tdc_probe_threshold
     if cfg.tdc_threshold_rule == "fixed" or num_steps is None:

@@ -33,6 +33,35 @@ def test_counter_counts_every_block_row_of_a_plain_run(baseline):
     assert wc.fraction() == 1.0
 
 
+
+def test_counter_does_not_make_compiled_blocks_recompile(baseline):
+    """Rows without a cache (the compile rows among them) are counted per call: no hook inside the blocks, whose
+    counts TorchDynamo would turn into guards — the blocks would recompile as they change, until the recompile
+    limit sent them back to eager, silently (session 17's compile rows timed eager that way). The per-block
+    counter does recompile (the reason for the split); the per-call one does not, and counts the same."""
+    from torch._dynamo.utils import counters
+
+    def frames(per_block: bool):
+        torch._dynamo.reset()
+        pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+        for block in pipe.transformer.transformer_blocks:
+            block.compile(backend="eager")  # Dynamo's guards without inductor's C++ build
+        gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+        try:
+            with WorkCounter(pipe.transformer, per_block) as wc:
+                out = pipe("red circle", negative_prompt="", generator=gen(), **CALL).frames
+                first = int(counters["frames"]["total"])
+                pipe("red circle", negative_prompt="", generator=gen(), **CALL)
+                again = int(counters["frames"]["total"]) - first
+        finally:
+            torch._dynamo.reset()
+        assert wc.steps == [[2] * LAYERS] * (2 * STEPS)  # every block row, either way
+        torch.testing.assert_close(out, baseline[0])
+        return again
+    assert frames(per_block=False) == 0  # the second call compiles nothing
+    assert frames(per_block=True) > 0
+
+
 @pytest.mark.parametrize("name", CPU_ROWS)
 def test_row_builds_runs_and_acts(name, baseline):
     row = ROWS[name]
@@ -230,6 +259,29 @@ def test_speed_runs_merge_newest_entry_against_its_own_baseline():
     assert rows["sage"]["speedup"] == pytest.approx(2.0)  # old.json's sage against old.json's baseline
 
 
+
+def test_speed_runs_at_another_step_count_resolve_that_counts_tables():
+    """A speed run at 20 steps (sixbit's families resolve for 20 steps) feeds the 20-step quality table only;
+    the 50-step run stays primary and feeds the others; neither is refused."""
+    from benchmarks.peers_report import merge_speed
+
+    unit = {"saving_per_unit_s": 0.0, "units_full": 60}
+
+    def run(date, steps, t_six, file):
+        return {"file": file, "steps": steps, "protocol": "p", "environment": {"date": date, "command": file},
+                "models": {"2b": {"families": {"baseline": {"t_full_s": 1.0, **unit},
+                                               "sixbit_x": {"t_full_s": t_six, **unit}}}}}
+    sp = merge_speed([run("2026-01-02", 20, 0.25, "s20.json"), run("2026-01-01", 50, 0.5, "s50.json")])
+    assert sp["steps"] == 50 and sp["models"]["2b"]["families"]["sixbit_x"]["source"] == "s50.json"
+    assert [s["steps"] for s in sp["sources"]] == [50, 20]
+
+    def q(steps):
+        return {"generation": {"num_inference_steps": steps},
+                "rows": {"x": {"family": "sixbit_x", "per_step_computed": [1.0] * steps}}}
+    assert speed_rows(q(20), sp)["x"]["speedup"] == pytest.approx(4.0)
+    assert speed_rows(q(50), sp)["x"]["speedup"] == pytest.approx(2.0)
+    assert speed_rows(q(30), sp)["x"]["speedup"] == pytest.approx(2.0)  # no run at 30: the primary one
+
 def test_sixbit_forced_modes_replay_schedules():
     """The GPU half's sixbit modes: all computed with the routes recorded on another model (resampled to this
     depth and step count), or all skipped after the first step."""
@@ -260,7 +312,7 @@ def test_sixbit_forced_modes_replay_schedules():
 def test_sixbit_forced_modes_resolve_the_step_count_options_for_the_estimated_loop():
     """A speed mode times a few steps for a 50-step loop: ``tdc_reuse="auto"`` takes the 50-step loop's forecast
     (its memory and skip cost are what the estimate needs), not the timed steps' plain reuse."""
-    for loop, expect in ((50, "quadratic"), (None, "auto")):
+    for loop, expect in ((50, "quadratic"), (20, "magnitude"), (None, "auto")):
         pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
         undo = ROWS["sixbit_tdc_only"].apply(pipe, Ctx(STEPS, torch.device("cpu"), mode="skip", num_blocks=LAYERS,
                                                        loop_steps=loop))
@@ -270,6 +322,23 @@ def test_sixbit_forced_modes_resolve_the_step_count_options_for_the_estimated_lo
         finally:
             undo()
         assert wc.fraction() == pytest.approx(1.0 / STEPS)
+
+
+def test_torchao_rows_can_leave_the_modulation_linears_in_16_bits():
+    """The compiled int8 row keeps the blocks' 2-row modulation linears unquantized (compiled, cuBLAS int8
+    refuses them) and quantizes every other linear, as the eager row does."""
+    from benchmarks.peers_rows import MODULATION, torchao_quant
+
+    kinds = {}
+    for modulation in (True, False):
+        pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+        torchao_quant("int8", modulation=modulation)(pipe, Ctx(STEPS, torch.device("cpu")))
+        kinds[modulation] = {n: type(m.weight) is not torch.nn.Parameter and type(m.weight) is not torch.Tensor
+                             for n, m in pipe.transformer.named_modules() if isinstance(m, torch.nn.Linear)}
+    mod = [n for n in kinds[True] if n.endswith(MODULATION)]
+    assert len(mod) == 2 * LAYERS and all(kinds[True].values())
+    assert not any(kinds[False][n] for n in mod)
+    assert all(q for n, q in kinds[False].items() if n not in mod)
 
 
 def test_speed_half_smoke_on_a_tiny_pipeline(tmp_path):

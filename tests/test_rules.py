@@ -213,7 +213,8 @@ def test_quadratic_forecast_is_exact_on_a_quadratic_trajectory_with_uneven_spaci
     got = tdc.forecast(at(4), at(3), 6, 4, 3, [old], 1)[0]
     assert got[0, 0, 0].isnan() and torch.isfinite(got.flatten()[1:]).all()
     assert tdc.forecast_order(SixBitConfig(tdc_reuse="quadratic"), 20) == 2
-    assert tdc.forecast_order(SixBitConfig(), 50) == 2 and tdc.forecast_order(SixBitConfig(), 20) == 0
+    assert tdc.forecast_order(SixBitConfig(), 50) == 2 and tdc.forecast_order(SixBitConfig(), 20) == 1  # magnitude
+    assert tdc.forecast_order(SixBitConfig(), None) == 0
     assert tdc.forecast_order(SixBitConfig(tdc_reuse="linear"), 20) == 1
 
 

@@ -51,8 +51,10 @@ def test_probe_threshold_rules_and_auto_reuse():
     assert tdc.probe_threshold(1, 3, prof, PROFILE) == pytest.approx(0.2 * 20 / 3 / 0.25)  # weight 0.5 / median 2
     assert tdc.probe_threshold(1, 3, prof, None) == tdc.probe_threshold(1, 3, c.replace(tdc_threshold_rule="steps"))
     auto = c.replace(tdc_reuse="auto", tdc_threshold_rule="steps", tdc_forecast_steps=40, tdc_probe_reference="forecast")
-    assert [tdc.resolve_reuse(auto, n) for n in (20, 39, 40, 50, None)] == ["last", "last", "quadratic", "quadratic", "last"]
+    assert [tdc.resolve_reuse(auto, n) for n in (20, 39, 40, 50, None)] == ["magnitude", "magnitude", "quadratic",
+                                                                              "quadratic", "last"]
     assert tdc.probe_threshold(3, 50, auto) == pytest.approx(0.05 * 20 / 50)  # forecasting: its own threshold
+    # the magnitude forecast below tdc_forecast_steps keeps the plain threshold, even compared with its forecast
     assert tdc.probe_threshold(3, 20, auto) == pytest.approx(0.2)
     assert tdc.resolve_reuse(auto.replace(tdc_mode="block"), 50) == "last"
     # the probe compared with its last delta: the plain threshold, forecast or not
@@ -98,12 +100,13 @@ def test_steps_rule_equals_the_fixed_rule_at_the_scaled_threshold():
 def test_auto_reuse_forecasts_on_dense_schedules_only(pipeline, branches):
     """CFG batched (CogVideoX) and separate (Wan): "auto" is "quadratic" from tdc_forecast_steps steps on — with
     the forecast threshold when the probe is compared with its forecast, with the probe threshold when it is
-    compared with its last delta (the default) — and "last" with the probe threshold below: the same runs as
-    those set explicitly."""
+    compared with its last delta (the default) — and "magnitude" with the probe threshold below (compared with
+    its last delta or with its forecast alike): the same runs as those set explicitly."""
     n = 6
     for forecast_steps, reuse, knob, ref in ((n, "quadratic", "tdc_forecast_threshold", "forecast"),
                                              (n, "quadratic", "tdc_probe_threshold", "last"),
-                                             (n + 1, "last", "tdc_probe_threshold", "last")):
+                                             (n + 1, "magnitude", "tdc_probe_threshold", "last"),
+                                             (n + 1, "magnitude", "tdc_probe_threshold", "forecast")):
         pipe = pipeline(seed=1)
         x = sorted(_drifts(pipe, n, tdc_reuse=reuse, tdc_probe_reference=ref))[2]
         explicit = sixbit.apply(pipe, _cfg(tdc_reuse=reuse, tdc_probe_threshold=x, tdc_probe_reference=ref))
@@ -116,7 +119,7 @@ def test_auto_reuse_forecasts_on_dense_schedules_only(pipeline, branches):
         assert torch.equal(generate(pipe, num_inference_steps=n), want)
         d = auto.trace.to_dict()
         assert _decisions(d) == _decisions(dw) and d["summary"]["skip_fraction"] > 0
-        assert any(b == ("forecast" if reuse == "quadratic" else "reuse") for s in _decisions(d) for b in s)
+        assert any(b == "forecast" for s in _decisions(d) for b in s)
         if branches == 2:
             assert [s["other_branches"]["uncond"]["blocks"][0]["tdc"] for s in d["steps"]] == \
                 [s["other_branches"]["uncond"]["blocks"][0]["tdc"] for s in dw["steps"]]
@@ -197,12 +200,14 @@ def test_the_rules_add_no_statistics_read(fields):
 
 
 def test_the_default_follows_the_step_count():
-    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; the second-order forecast from 40 steps, the
-    probe compared with its last delta at the same 0.2·20/N (aggressive 0.3·20/N)."""
+    """Defaults: the probe threshold 0.2 at 20 steps, scaled by 20/N; below 40 steps the last delta with its size
+    extrapolated, from 40 steps the second-order forecast, the probe compared with its last delta at the same
+    0.2·20/N (aggressive 0.3·20/N)."""
     c = SixBitConfig()
     assert (c.tdc_threshold_rule, c.tdc_reuse, c.tdc_threshold_steps, c.tdc_forecast_steps) == ("steps", "auto", 20, 40)
-    assert tdc.probe_threshold(5, 20, c) == pytest.approx(0.2) and tdc.resolve_reuse(c, 20) == "last"
-    assert tdc.probe_threshold(5, 30, c) == pytest.approx(0.2 * 20 / 30) and tdc.resolve_reuse(c, 30) == "last"
+    assert tdc.probe_threshold(5, 20, c) == pytest.approx(0.2) and tdc.resolve_reuse(c, 20) == "magnitude"
+    assert tdc.probe_threshold(5, 30, c) == pytest.approx(0.2 * 20 / 30) and tdc.resolve_reuse(c, 30) == "magnitude"
+    assert tdc.resolve_reuse(c, None) == "last"  # an unknown step count: plain reuse
     assert tdc.probe_threshold(5, 50, c) == pytest.approx(0.08) and tdc.resolve_reuse(c, 50) == "quadratic"
     assert c.tdc_probe_reference == "last"
     agg = SixBitConfig.preset("aggressive")
@@ -215,3 +220,4 @@ def test_the_default_follows_the_step_count():
     assert tdc.resolve_reuse(c.replace(tdc_scope="attention"), 50) == "linear"
     for name in ("tdc_paper", "full_paper"):  # the paper's rule: block mode, plain reuse
         assert tdc.resolve_reuse(SixBitConfig.preset(name), 50) == "last"
+        assert tdc.resolve_reuse(SixBitConfig.preset(name), 20) == "last"
