@@ -215,12 +215,12 @@ def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
         md += _not_run(q)
         md.append("")
     if speed:
+        others = [o for o in speed["sources"] if o["steps"] != speed["steps"]]  # merged into models' by_steps
         md += ["Speed-ups are estimates under one transfer protocol for every row: " + speed["protocol"],
-               *([f"Families timed at {', '.join(sorted({k for m in speed['models'].values() for k in m.get('by_steps', {})}, key=int))} "
-                  "steps (their sixbit options resolved for that count) replace the primary run's in the quality "
-                  "table of the same step count: " + ", ".join(
-                      f"`{s['file']}` ({s['steps']} steps)" for s in speed["sources"] if s.get("steps") != speed["steps"])
-                  + "."] if any(m.get("by_steps") for m in speed["models"].values()) else []),
+               *([f"Families timed at {', '.join(str(n) for n in sorted({o['steps'] for o in others}))} steps "
+                  "(their sixbit options resolved for that count) replace the primary run's in the quality table "
+                  "of the same step count: " + ", ".join(f"`{o['file']}` ({o['steps']} steps)" for o in others)
+                  + "."] if others else []),
                "GPU-only caching rows borrow the mini work pattern of the CPU row with the same cache: "
                + ", ".join(f"`{a}` ← `{b}`" for a, b in PATTERN_FROM.items()) + ".", ""]
     else:

@@ -33,7 +33,6 @@ def test_counter_counts_every_block_row_of_a_plain_run(baseline):
     assert wc.fraction() == 1.0
 
 
-
 def test_counter_does_not_make_compiled_blocks_recompile(baseline):
     """Rows without a cache (the compile rows among them) are counted per call: no hook inside the blocks, whose
     counts TorchDynamo would turn into guards — the blocks would recompile as they change, until the recompile
@@ -259,7 +258,6 @@ def test_speed_runs_merge_newest_entry_against_its_own_baseline():
     assert rows["sage"]["speedup"] == pytest.approx(2.0)  # old.json's sage against old.json's baseline
 
 
-
 def test_speed_runs_at_another_step_count_resolve_that_counts_tables():
     """A speed run at 20 steps (sixbit's families resolve for 20 steps) feeds the 20-step quality table only;
     the 50-step run stays primary and feeds the others; neither is refused."""
@@ -281,6 +279,7 @@ def test_speed_runs_at_another_step_count_resolve_that_counts_tables():
     assert speed_rows(q(20), sp)["x"]["speedup"] == pytest.approx(4.0)
     assert speed_rows(q(50), sp)["x"]["speedup"] == pytest.approx(2.0)
     assert speed_rows(q(30), sp)["x"]["speedup"] == pytest.approx(2.0)  # no run at 30: the primary one
+
 
 def test_sixbit_forced_modes_replay_schedules():
     """The GPU half's sixbit modes: all computed with the routes recorded on another model (resampled to this
