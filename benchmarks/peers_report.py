@@ -98,7 +98,7 @@ def estimate(row: dict, fam: dict, steps: int) -> dict[str, Any]:
 
 #: GPU-only caching rows (no sixbit-mini quality: the mini runs on the CPU) borrow the work pattern of the
 #: CPU row with the same cache on the same kind of quantized model
-PATTERN_FROM = {"stack_fbc_fp8_sage": "stack_fbc_int8"}
+PATTERN_FROM = {"stack_fbc_fp8_sage": "stack_fbc_int8", "stack_fbc_fp8_compile": "stack_fbc_int8"}
 
 
 def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:

@@ -88,48 +88,61 @@ class WorkCounter:
     """Per transformer call, the batch rows each block's attention really computed (see the module
     docstring). ``with WorkCounter(transformer) as wc: pipe(...)``; then ``wc.steps[t][b]``.
 
-    ``per_block=False`` (rows without a cache, which compute every block): no hook inside the blocks, each call
-    counted as its batch rows × blocks. A hook inside a ``torch.compile``-d block is traced by TorchDynamo: the
-    growing counts become guards and every step recompiles the block until the recompile limit sends it back to
-    eager (session 17: both compile rows timed eager speed that way); made opaque with
-    ``torch.compiler.disable``, torch 2.11's Dynamo fails on it."""
+    Each block's ``attn1.to_out[0]`` gets a 0-d counter buffer (a view into one tensor of all blocks' counts) and
+    one forward hook, the same function for every block, that adds the batch rows to its module's buffer in place.
+    The count is tensor data, not Python state: inside a ``torch.compile``-d block TorchDynamo traces the add as a
+    buffer mutation and guards on nothing that changes, so the blocks compile once and stay compiled (session 17:
+    a hook adding to a Python list made the counts guards, every step recompiled until the recompile limit sent
+    the blocks back to eager, and both compile rows timed eager speed). Each transformer call snapshots the counts
+    (a copy on the device, no synchronization inside a timed loop); they are read on exit."""
 
-    def __init__(self, transformer, per_block: bool = True):
+    BUFFER = "_peers_rows"
+
+    def __init__(self, transformer):
         self.tr = transformer
-        self.per_block = per_block
-        self.blocks = list(transformer.transformer_blocks)
+        self.mods = [block.attn1.to_out[0] for block in transformer.transformer_blocks]
         self.steps: list[list[int]] = []
-        self.batch = 0
+        self._snaps: list[torch.Tensor] = []
         self._hooks: list = []
 
     def __enter__(self) -> WorkCounter:
-        def on_call(_mod, args, kwargs):
-            hs = kwargs.get("hidden_states", args[0] if args else None)
-            self.batch = int(hs.shape[0])
-            self.steps.append([0 if self.per_block else self.batch] * len(self.blocks))
+        dev = next(iter(self.tr.parameters()), torch.empty(0)).device
+        counts = torch.zeros(len(self.mods), dtype=torch.int64, device=dev)
 
+        def on_call(_mod, _args, _kwargs):
+            if self._snaps:
+                self._snaps[-1] = counts.clone()
+            counts.zero_()
+            self._snaps.append(counts)  # this call's counts: copied at the next call or on exit
+
+        for b, m in enumerate(self.mods):
+            m.register_buffer(self.BUFFER, counts[b], persistent=False)
+            self._hooks.append(m.register_forward_hook(_count_rows))
         self._hooks.append(self.tr.register_forward_pre_hook(on_call, with_kwargs=True))
-        for b, block in enumerate(self.blocks if self.per_block else ()):
-            def on_out(_mod, args, _out, _b=b):
-                if self.steps:
-                    self.steps[-1][_b] += int(args[0].shape[0])
-
-            self._hooks.append(block.attn1.to_out[0].register_forward_hook(on_out))
         return self
 
     def __exit__(self, *exc) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        for m in self.mods:
+            delattr(m, self.BUFFER)
+        if self._snaps:
+            self.steps = torch.stack(self._snaps).tolist()
+        self._snaps.clear()
 
     def per_step_fraction(self, full: int | None = None) -> list[float]:
         """Computed fraction of each step's block evaluations (``full`` = rows per step when all compute)."""
-        full = full or 2 * len(self.blocks)
+        full = full or 2 * len(self.mods)
         return [sum(s) / full for s in self.steps]
 
     def fraction(self, full: int | None = None) -> float:
         f = self.per_step_fraction(full)
         return sum(f) / len(f) if f else 0.0
+
+
+def _count_rows(mod, args, _out) -> None:
+    getattr(mod, WorkCounter.BUFFER).add_(args[0].shape[0])
 
 
 # ------------------------------------------------------------------------------------------ weight bytes
@@ -308,11 +321,9 @@ def torchao_quant(kind: str, modulation: bool = True):
 
         cfg = (Int8DynamicActivationInt8WeightConfig() if kind == "int8"
                else Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
-        if modulation:
-            quantize_(pipe.transformer, cfg)
-        else:
-            quantize_(pipe.transformer, cfg,
-                      filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and not fqn.endswith(MODULATION))
+        keep = None if modulation else (  # None: torchao's default, every nn.Linear
+            lambda m, fqn: isinstance(m, torch.nn.Linear) and not fqn.endswith(MODULATION))
+        quantize_(pipe.transformer, cfg, filter_fn=keep)
         return _irreversible
     return apply
 
@@ -480,6 +491,13 @@ def build_rows() -> list[Row]:
         R("stack_fbc_fp8_sage", "stack_fbc_fp8_sage", "FirstBlockCache 0.1 + torchao fp8 dynamic + SageAttention",
           stack(torchao_quant("fp8"), sage, fbc(0.1)), gpu_only=True, settings={"threshold": 0.1},
           reason=f"{NO_FP8}; {NO_SAGE}"),
+        # the same cache with torchao's documented fp8 + compile pairing (the arena's fastest computed step); the
+        # counter and FirstBlockCache's hooks compile with the blocks (the counter's counts are tensor data)
+        R("stack_fbc_fp8_compile", "stack_fbc_fp8_compile",
+          "FirstBlockCache 0.1 + torchao fp8 dynamic + torch.compile of each block",
+          stack(torchao_quant("fp8"), fbc(0.1), compile_blocks), gpu_only=True, settings={"threshold": 0.1},
+          reason=NO_FP8 + " A GPU speed row: its decisions on sixbit-mini are stack_fbc_int8's (the same cache on a "
+          "dynamically quantized model)."),
         # sixbit presets
         R("sixbit_tdc_only", "sixbit_tdc_only", "sixbit tdc_only (TDC, no quantization)", sixbit_row("tdc_only")),
         R("sixbit_full", "sixbit_full", "sixbit full (balanced: DMPQ+TDC+PDR)", sixbit_row("full")),

@@ -15,11 +15,13 @@ protocol for every caching row, sixbit's included (:data:`PROTOCOL`):
    counts on sixbit-mini; a CFG-batched step that computes everything runs ``U_full = 2 × blocks`` units.
 2. Per tool (a *family*: a cache's threshold sweep shares its costs), at the big size: the tool with its knob
    forced to compute every unit (``ctx.mode="compute"``), then forced to skip every unit it can
-   (``"skip"``). Each mode: one untimed call of ``--timed-steps`` steps (warms every kernel that mode runs,
-   Triton compiles and torch.compile included), then a timed call of the same length with a synchronizing
-   step callback (per-step times) and the counter. Each mode records the warm-up's wall time (``warmup_s``:
-   compilation lands there) and the frames TorchDynamo compiled in the warm-up and in the timed call
-   (``compiles_warmup``, ``compiles_timed``; the latter 0 means no compile was timed). ``T_full`` = median
+   (``"skip"``). Each mode: untimed calls of ``--timed-steps`` steps until one compiles nothing (at most
+   :data:`WARMUP_CALLS`; they warm every kernel that mode runs, Triton compiles and torch.compile included),
+   then a timed call of the same length with a synchronizing step callback (per-step times) and the counter.
+   Each mode records the warm-up's wall time (``warmup_s``: compilation lands there), its calls, and the frames
+   TorchDynamo compiled in the warm-up and in the timed call (``compiles_warmup``, ``compiles_timed``; the
+   latter 0 means no compile was timed). A compiled block that hits Dynamo's recompile limit fails its row
+   (``fail_on_recompile_limit_hit``) instead of running eager unnoticed. ``T_full`` = median
    step time of the compute call; ``T_skip`` = median over the skip call's steps that ran its minimum
    ``U_skip`` units; ``saving per unit = (T_full − T_skip) / (U_full − U_skip)``.
 3. A row's estimated 50-step denoising loop = Σ_t [T_full − saving × U_full × (1 − c_t)], with c_t the row's
@@ -36,7 +38,8 @@ step count when there is one (``--steps 20`` for the 20-step table), else from t
 denoising loop is timed with ``output_type="latent"`` and precomputed random prompt embeddings (the text encoder
 is not the subject).
 Results: ``peers_speed_<device>.{json,md}``; one JSON per size × family under ``--run-dir`` is reused on a
-re-run, so an interrupted run resumes where it stopped.
+re-run, so an interrupted run resumes where it stopped (and one JSON per forced mode, so a compiled family whose
+two modes outlast one call resumes at its second mode).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", 
                     "torchao_int8", "torchao_fp8", "sage", "stack_fbc_int8", "stack_dbcache_int8",
                     "stack_fbc_fp8_sage", "sixbit_tdc_only", "sixbit_full", "sixbit_full_w8a8", "sixbit_w8a8_tdc",
                     "sixbit_aggressive", "sixbit_full_mod4", "torchao_fp8_compile", "torchao_int8_compile",
+                    "stack_fbc_fp8_compile",
                     "sixbit_tdc_attn", "sixbit_fast", "sixbit_tdc_q2", "sixbit_tdc_auto")
 
 
@@ -111,7 +115,7 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(pipe, call: dict, steps: int, device, per_block: bool = True) -> tuple[list[float], list[int]]:
+def _timed(pipe, call: dict, steps: int, device) -> tuple[list[float], list[int]]:
     marks: list[float] = []
 
     def cb(p, i, t, kw):
@@ -119,12 +123,16 @@ def _timed(pipe, call: dict, steps: int, device, per_block: bool = True) -> tupl
         marks.append(time.perf_counter())
         return {}
 
-    with WorkCounter(pipe.transformer, per_block) as wc:
+    with WorkCounter(pipe.transformer) as wc:
         _sync(device)
         t0 = time.perf_counter()
         pipe(**call, num_inference_steps=steps, generator=torch.Generator("cpu").manual_seed(0), callback_on_step_end=cb)
     edges = [t0, *marks]
     return [b - a for a, b in zip(edges, edges[1:])], [sum(s) for s in wc.steps]
+
+
+#: warm-up calls at most per forced mode (a call that compiles nothing ends the warm-up)
+WARMUP_CALLS = 3
 
 
 def _compiles() -> int:
@@ -139,6 +147,8 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
     from benchmarks.common import random_cogvideox
 
     torch._dynamo.reset()  # a mode compiles from scratch: no earlier row's graphs or recompile count carry over
+    # a compiled block that hits Dynamo's recompile limit would run eager, silently: fail the row instead
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     pipe = random_cogvideox(size, device, dtype, text_encoder=False)
     call = _call(pipe, size, args, device, dtype)
     nb = len(pipe.transformer.transformer_blocks)
@@ -146,15 +156,20 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
                          loop_steps=args.steps))
     try:
         rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
+        # warm-up: the same call, untimed, until one compiles nothing (torch.compile runs here; a cache's hooks
+        # under compile add a variant in the second call, when their state first starts from a reset)
         c0, t0 = _compiles(), time.perf_counter()
-        _timed(pipe, call, args.timed_steps, device, row.caching)  # warm-up: the same call, untimed (torch.compile runs here)
+        for rec["warmup_calls"] in range(1, WARMUP_CALLS + 1):
+            c = _compiles()
+            _timed(pipe, call, args.timed_steps, device)
+            if _compiles() == c:
+                break
         c1 = _compiles()
         rec["warmup_s"], rec["compiles_warmup"] = time.perf_counter() - t0, c1 - c0
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        # rows without a cache compute every block: counted per call, no hook inside their (compiled) blocks
-        rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device, row.caching)
+        rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device)
         rec["compiles_timed"] = _compiles() - c1  # 0 unless a guard failed: the timing would hold a compile
         if device.type == "cuda":
             rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
@@ -163,7 +178,10 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
         undo()
 
 
-def measure_family(family: str, size: str, args, device, dtype, schedules: dict) -> dict[str, Any]:
+def measure_family(family: str, size: str, args, device, dtype, schedules: dict,
+                   run: Path | None = None) -> dict[str, Any]:
+    """Both forced modes of a family (one for a row without a cache); with ``run``, each mode's record is kept
+    there as it finishes and reused (a compiled family's two modes can outlast one 10-minute call)."""
     import gc
 
     row = family_row(family)
@@ -173,7 +191,14 @@ def measure_family(family: str, size: str, args, device, dtype, schedules: dict)
         gc.collect()  # the previous mode's pipeline must be gone before this one is built (peak memory)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        entry["modes"][str(mode)] = rec = _measure_mode(row, mode, size, args, device, dtype, schedules)
+        part = run / f"{size}__{family}__{mode}.json" if run else None
+        if part and part.exists():
+            rec = json.loads(part.read_text())
+        else:
+            rec = _measure_mode(row, mode, size, args, device, dtype, schedules)
+            if part:
+                part.write_text(json.dumps(rec))
+        entry["modes"][str(mode)] = rec = dict(rec)
         entry["weight_bytes"] = rec.pop("weight_bytes")
     full = entry["modes"]["compute" if row.caching else "None"]
     entry["units_full"] = int(statistics.median(full["units"]))
@@ -224,7 +249,7 @@ def speed(args) -> dict:
             else:
                 t0 = time.perf_counter()
                 try:
-                    entry = measure_family(fam, size, args, device, dtype, schedules)
+                    entry = measure_family(fam, size, args, device, dtype, schedules, run)
                 except Exception as e:  # a tool that cannot run here: its one-line reason
                     import traceback
 

@@ -33,32 +33,50 @@ def test_counter_counts_every_block_row_of_a_plain_run(baseline):
     assert wc.fraction() == 1.0
 
 
-def test_counter_does_not_make_compiled_blocks_recompile(baseline):
-    """Rows without a cache (the compile rows among them) are counted per call: no hook inside the blocks, whose
-    counts TorchDynamo would turn into guards — the blocks would recompile as they change, until the recompile
-    limit sent them back to eager, silently (session 17's compile rows timed eager that way). The per-block
-    counter does recompile (the reason for the split); the per-call one does not, and counts the same."""
+def _compiled_calls(pipe, calls: int = 3) -> tuple[list[int], list, WorkCounter]:
+    """Frames TorchDynamo compiled in each of ``calls`` identical calls of ``pipe`` with compiled blocks (its
+    eager backend: Dynamo's guards without inductor's C++ build), the last call's output and counter."""
     from torch._dynamo.utils import counters
 
-    def frames(per_block: bool):
+    for block in pipe.transformer.transformer_blocks:
+        block.compile(backend="eager")
+    frames = []
+    for _ in range(calls):
+        c = int(counters["frames"]["total"])
+        out, wc = _run(pipe)
+        frames.append(int(counters["frames"]["total"]) - c)
+    return frames, out, wc
+
+
+def test_counter_does_not_make_compiled_blocks_recompile(baseline):
+    """The counter's counts are tensor data (buffers added to in place), so blocks compiled with it compile in the
+    first call and never again — with every block computed, and under FirstBlockCache forced to skip (its hooks
+    compile with the blocks; they add one variant in the second call, when their state first starts from a
+    reset). A hook that counted in a Python list inside the compiled blocks makes Dynamo recompile until its
+    recompile limit (session 17: which sent the blocks back to eager, and the compile rows timed eager)."""
+    torch._dynamo.reset()
+    try:
+        frames, out, wc = _compiled_calls(tiny_cogvideox_pipeline(num_layers=LAYERS))
+        assert frames[0] > 0 and frames[1:] == [0, 0]
+        assert wc.steps == [[2] * LAYERS] * STEPS
+        torch.testing.assert_close(out, baseline[0])
+
         torch._dynamo.reset()
         pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+        ROWS["fbc_0.1"].apply(pipe, Ctx(STEPS, torch.device("cpu"), mode="skip", num_blocks=LAYERS))
+        frames, _, wc = _compiled_calls(pipe)
+        assert frames[-1] == 0
+        assert wc.steps == [[2] * LAYERS] + [[2] + [0] * (LAYERS - 1)] * (STEPS - 1)  # the head block computes
+
+        torch._dynamo.reset()
+        pipe, seen = tiny_cogvideox_pipeline(num_layers=LAYERS), []
         for block in pipe.transformer.transformer_blocks:
-            block.compile(backend="eager")  # Dynamo's guards without inductor's C++ build
-        gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
-        try:
-            with WorkCounter(pipe.transformer, per_block) as wc:
-                out = pipe("red circle", negative_prompt="", generator=gen(), **CALL).frames
-                first = int(counters["frames"]["total"])
-                pipe("red circle", negative_prompt="", generator=gen(), **CALL)
-                again = int(counters["frames"]["total"]) - first
-        finally:
-            torch._dynamo.reset()
-        assert wc.steps == [[2] * LAYERS] * (2 * STEPS)  # every block row, either way
-        torch.testing.assert_close(out, baseline[0])
-        return again
-    assert frames(per_block=False) == 0  # the second call compiles nothing
-    assert frames(per_block=True) > 0
+            block.attn1.to_out[0].register_forward_hook(lambda m, a, o: seen.append(len(seen) + a[0].shape[0]))
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True), \
+                pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            _compiled_calls(pipe)  # Python state in the graph: recompiles until Dynamo's limit
+    finally:
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("name", CPU_ROWS)
@@ -377,6 +395,49 @@ def test_speed_half_compiles_in_the_warm_up_never_in_the_timed_call(tmp_path, mo
     fam = json.loads((tmp_path / "c.json").read_text())["models"]["tiny"]["families"]["torchao_fp8_compile"]
     assert fam["compiles_warmup"] >= 1 and fam["compiles_timed"] == 0 and fam["warmup_s"] > 0
     assert f"| {fam['compiles_warmup']} / 0 |" in (tmp_path / "c.md").read_text()
+    assert fam["modes"]["None"]["warmup_calls"] == 2  # the call that compiled, then one that compiled nothing
+
+
+def test_speed_half_times_a_compiled_cache_without_compiling_and_fails_a_row_that_would_run_eager(tmp_path,
+                                                                                                  monkeypatch):
+    """FirstBlockCache under torch.compile (the fp8 + compile stack's code path, eager backend): both forced
+    modes warm up until a call compiles nothing, then time without a compile, and the skip mode's timed steps
+    compute only the head block. A row whose compiled blocks keep recompiling (Python state in the graph) hits
+    Dynamo's recompile limit: the row fails with that reason instead of timing eager code."""
+    import json
+
+    from benchmarks import peers_speed
+    from benchmarks.peers import main
+    from benchmarks.peers_rows import Row, fbc, stack
+
+    def compiled(pipe, ctx):
+        for block in pipe.transformer.transformer_blocks:
+            block.compile(backend="eager")
+        return lambda: None
+
+    def recompiling(pipe, ctx):
+        seen = []
+        for block in pipe.transformer.transformer_blocks:
+            block.attn1.to_out[0].register_forward_hook(lambda m, a, o: seen.append(len(seen)))
+        return compiled(pipe, ctx)
+    rows = {"stack_fbc_fp8_compile": Row("fbc_compiled", "stack_fbc_fp8_compile", "fbc + compiled blocks",
+                                         stack(fbc(0.1), compiled)),
+            "torchao_fp8_compile": Row("recompiling", "torchao_fp8_compile", "recompiling", recompiling, caching=False)}
+    monkeypatch.setattr(peers_speed, "family_row", rows.get)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 4)
+    torch._dynamo.reset()
+    try:
+        main(["speed", "--sizes", "tiny", "--device", "cpu", "--families", "stack_fbc_fp8_compile",
+              "torchao_fp8_compile", "--timed-steps", "6", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path),
+              "--name", "c"])
+    finally:
+        torch._dynamo.reset()
+    fams = json.loads((tmp_path / "c.json").read_text())["models"]["tiny"]["families"]
+    fam = fams["stack_fbc_fp8_compile"]
+    assert fam["compiles_warmup"] >= 1 and fam["compiles_timed"] == 0
+    assert all(m["warmup_calls"] >= 2 for m in fam["modes"].values())
+    assert (fam["units_full"], fam["units_skip"]) == (2 * 3, 2)  # tiny: 3 blocks; skipped: the head block's 2 rows
+    assert "recompile" in fams["torchao_fp8_compile"]["error"].lower()
 
 
 def test_goal_verdicts_say_by_how_much():
