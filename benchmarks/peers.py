@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from benchmarks import common
-from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, weight_bytes
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, gpu_only_entry, weight_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("psnr", "ssim", "flow_error", "adherence", "computed_fraction", "time_s")
@@ -222,8 +222,7 @@ def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
     missing = []
     for name, row in ROWS.items():
         if row.gpu_only:
-            rows[name] = {"name": name, "label": row.label, "family": row.family, "gpu_only": True, "n": 0,
-                          "reason": row.reason, "summary": {}}
+            rows[name] = gpu_only_entry(name)
             continue
         meta_p = run / f"row__{name}.json"
         meta = json.loads(meta_p.read_text()) if meta_p.exists() else {"name": name, "label": row.label}

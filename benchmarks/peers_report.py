@@ -161,6 +161,15 @@ def merge_speed(runs: list[dict]) -> dict:
     return merged
 
 
+def with_gpu_only_rows(rows: dict) -> dict:
+    """A quality table's rows plus the GPU-only rows added since it ran (they have no videos on the CPU, only a
+    reason), in the arena's row order."""
+    from benchmarks.peers_rows import ROWS, gpu_only_entry
+
+    order = [n for n in ROWS if n in rows or ROWS[n].gpu_only] + [n for n in rows if n not in ROWS]
+    return {n: rows.get(n) or gpu_only_entry(n) for n in order}
+
+
 def report(args) -> None:
     from benchmarks.peers_goal import goal_markdown
 
@@ -168,6 +177,8 @@ def report(args) -> None:
     qpaths = [Path(p) for p in args.quality] if args.quality else sorted(out.glob("peers_mini_*.json"))
     qualities = {json.loads(p.read_text())["generation"]["num_inference_steps"]: json.loads(p.read_text())
                  for p in qpaths}
+    for q in qualities.values():
+        q["rows"] = with_gpu_only_rows(q["rows"])
     spaths = [Path(p) for p in args.speed] if args.speed else sorted(out.glob("peers_speed_*.json"))
     speed = merge_speed([json.loads(p.read_text()) | {"file": p.name} for p in spaths]) if spaths else None
     if not qualities:

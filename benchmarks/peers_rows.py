@@ -534,3 +534,10 @@ def build_rows() -> list[Row]:
 
 
 ROWS = {r.name: r for r in build_rows()}
+
+
+def gpu_only_entry(name: str) -> dict:
+    """A quality table's entry for a GPU-only row: no videos, its one-line reason."""
+    row = ROWS[name]
+    return {"name": name, "label": row.label, "family": row.family, "gpu_only": True, "n": 0, "reason": row.reason,
+            "summary": {}}

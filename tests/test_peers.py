@@ -460,3 +460,14 @@ def test_speed_sizes_are_the_real_cogvideox_transformers(size, params, blocks):
         tr = CogVideoXTransformer3DModel(**SIZES[size])
     assert sum(p.numel() for p in tr.parameters()) == pytest.approx(params, rel=0.01)
     assert len(tr.transformer_blocks) == blocks
+
+
+def test_report_adds_gpu_only_rows_a_quality_table_predates():
+    """A quality table from before a GPU-only row existed still lists it (no videos, its reason), in row order."""
+    from benchmarks.peers_report import with_gpu_only_rows
+
+    rows = with_gpu_only_rows({"baseline": {"name": "baseline"}, "sixbit_full": {"name": "sixbit_full"}})
+    assert rows["stack_fbc_fp8_compile"]["gpu_only"] and rows["stack_fbc_fp8_compile"]["reason"]
+    names = list(rows)
+    assert names[0] == "baseline" and names.index("stack_fbc_fp8_compile") < names.index("sixbit_full")
+    assert rows["sixbit_full"] == {"name": "sixbit_full"}
