@@ -147,33 +147,33 @@ def _measure_mode(row, mode, size: str, args, device, dtype, schedules: dict) ->
     from benchmarks.common import random_cogvideox
 
     torch._dynamo.reset()  # a mode compiles from scratch: no earlier row's graphs or recompile count carry over
-    # a compiled block that hits Dynamo's recompile limit would run eager, silently: fail the row instead
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
     pipe = random_cogvideox(size, device, dtype, text_encoder=False)
     call = _call(pipe, size, args, device, dtype)
     nb = len(pipe.transformer.transformer_blocks)
     undo = row.apply(pipe, Ctx(args.timed_steps, device, mode=mode, schedule=schedules.get(row.name), num_blocks=nb,
                          loop_steps=args.steps))
     try:
-        rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
-        # warm-up: the same call, untimed, until one compiles nothing (torch.compile runs here; a cache's hooks
-        # under compile add a variant in the second call, when their state first starts from a reset)
-        c0, t0 = _compiles(), time.perf_counter()
-        for rec["warmup_calls"] in range(1, WARMUP_CALLS + 1):
-            c = _compiles()
-            _timed(pipe, call, args.timed_steps, device)
-            if _compiles() == c:
-                break
-        c1 = _compiles()
-        rec["warmup_s"], rec["compiles_warmup"] = time.perf_counter() - t0, c1 - c0
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-        rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device)
-        rec["compiles_timed"] = _compiles() - c1  # 0 unless a guard failed: the timing would hold a compile
-        if device.type == "cuda":
-            rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
-        return rec
+        # a compiled block that hits Dynamo's recompile limit would run eager, silently: fail the row instead
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            rec: dict[str, Any] = {"weight_bytes": weight_bytes(pipe)}
+            # warm-up: the same call, untimed, until one compiles nothing (torch.compile runs here; a cache's hooks
+            # under compile add a variant in the second call, when their state first starts from a reset)
+            c0, t0 = _compiles(), time.perf_counter()
+            for rec["warmup_calls"] in range(1, WARMUP_CALLS + 1):
+                c = _compiles()
+                _timed(pipe, call, args.timed_steps, device)
+                if _compiles() == c:
+                    break
+            c1 = _compiles()
+            rec["warmup_s"], rec["compiles_warmup"] = time.perf_counter() - t0, c1 - c0
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            rec["step_s"], rec["units"] = _timed(pipe, call, args.timed_steps, device)
+            rec["compiles_timed"] = _compiles() - c1  # 0 unless a guard failed: the timing would hold a compile
+            if device.type == "cuda":
+                rec["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
+            return rec
     finally:
         undo()
 
@@ -198,7 +198,7 @@ def measure_family(family: str, size: str, args, device, dtype, schedules: dict,
             rec = _measure_mode(row, mode, size, args, device, dtype, schedules)
             if part:
                 part.write_text(json.dumps(rec))
-        entry["modes"][str(mode)] = rec = dict(rec)
+        entry["modes"][str(mode)] = rec
         entry["weight_bytes"] = rec.pop("weight_bytes")
     full = entry["modes"]["compute" if row.caching else "None"]
     entry["units_full"] = int(statistics.median(full["units"]))

@@ -33,13 +33,20 @@ def test_counter_counts_every_block_row_of_a_plain_run(baseline):
     assert wc.fraction() == 1.0
 
 
-def _compiled_calls(pipe, calls: int = 3) -> tuple[list[int], list, WorkCounter]:
-    """Frames TorchDynamo compiled in each of ``calls`` identical calls of ``pipe`` with compiled blocks (its
-    eager backend: Dynamo's guards without inductor's C++ build), the last call's output and counter."""
-    from torch._dynamo.utils import counters
-
+def compiled(pipe, ctx=None):
+    """A row part compiling every block with TorchDynamo's eager backend: the compile rows' code path (Dynamo's
+    guards and recompiles) without inductor's C++ build."""
     for block in pipe.transformer.transformer_blocks:
         block.compile(backend="eager")
+    return lambda: None
+
+
+def _compiled_calls(pipe, calls: int = 3) -> tuple[list[int], list, WorkCounter]:
+    """Frames TorchDynamo compiled in each of ``calls`` identical calls of ``pipe`` with :func:`compiled` blocks,
+    the last call's output and counter."""
+    from torch._dynamo.utils import counters
+
+    compiled(pipe)
     frames = []
     for _ in range(calls):
         c = int(counters["frames"]["total"])
@@ -384,10 +391,6 @@ def test_speed_half_compiles_in_the_warm_up_never_in_the_timed_call(tmp_path, mo
     from benchmarks.peers import main
     from benchmarks.peers_rows import Row
 
-    def compiled(pipe, ctx):
-        for block in pipe.transformer.transformer_blocks:
-            block.compile(backend="eager")
-        return lambda: None
     torch._dynamo.reset()
     monkeypatch.setattr(peers_speed, "family_row", lambda f: Row("compiled", f, "compiled blocks", compiled, caching=False))
     main(["speed", "--sizes", "tiny", "--device", "cpu", "--families", "torchao_fp8_compile", "--timed-steps", "2",
@@ -410,10 +413,6 @@ def test_speed_half_times_a_compiled_cache_without_compiling_and_fails_a_row_tha
     from benchmarks.peers import main
     from benchmarks.peers_rows import Row, fbc, stack
 
-    def compiled(pipe, ctx):
-        for block in pipe.transformer.transformer_blocks:
-            block.compile(backend="eager")
-        return lambda: None
 
     def recompiling(pipe, ctx):
         seen = []
