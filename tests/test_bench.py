@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import __main__ as cli
-from benchmarks import common, memory, quality, speed, weights
+from benchmarks import common, memory, mode_flip, quality, speed, weights
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,27 @@ def test_quality_records_the_schedule_of_the_row_it_is_told(out, one_thread):
     after = [rows[t][b] for t in range(1, len(cells)) for b in range(len(cells[t]))
              if cells[t][b] and not cells[t - 1][b]]
     assert after and set(after) == {"8"}
+
+
+def test_mode_flip_follows_one_video_and_replays_its_recorded_routes(out, one_thread):
+    """A zero nudge leaves the FP32 video identical; replaying a quantized row's recorded schedule unedited
+    reproduces that row's video exactly; the edits change the attention routes they name and nothing else."""
+    mode_flip.main(["--steps", "4", "--prompts", "3", "--rows", "{'dmpq': ('dmpq_only', {})}",
+                    "--nudges", "((0, 0.0), (1, 0.5))", "--out", str(out), "--name", "mf"])
+    data = json.loads((out / "mf.json").read_text())
+    rows = {(r["kind"], r["row"]): r for r in data["rows"]}
+    zero, big = rows[("nudge", "FP32, 0·std noise at step 0")], rows[("nudge", "FP32, 0.5·std noise at step 1")]
+    assert math.isinf(zero["psnr"]) and zero["divergence"] == [0.0] * 4
+    assert big["divergence"][0] == 0.0 < big["divergence"][1] and math.isfinite(big["psnr"])
+    q, replay = rows[("row", "dmpq")], rows[("replay", "as recorded")]
+    assert len(q["divergence"]) == 4 and 0 < q["divergence"][-1] and q["attention_fp8"] > 0
+    assert replay["psnr"] == q["psnr"] and replay["divergence"] == q["divergence"]
+    recorded = replay["attention_routes"]
+    assert rows[("replay", "step 0 on 8-bit")]["attention_routes"] == ["8" * len(recorded[0]), *recorded[1:]]
+    assert rows[("replay", "steps 0-1 on 8-bit")]["attention_routes"][2:] == recorded[2:]
+    assert rows[("replay", "step 2's pattern from step 1")]["attention_routes"] == [recorded[0], *[recorded[2]] * 3]
+    md = (out / "mf.md").read_text()
+    assert data["reference"]["found"] in md and "| replay | as recorded |" in md and (out / "mf.png").exists()
 
 
 def test_quality_same_skips_row_needs_its_source_first(out):
