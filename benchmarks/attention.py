@@ -45,8 +45,9 @@ fa = sk.attention_fp8
 
 SHAPES = [("CogVideoX-2B", 2, 30, 17776, 64), ("CogVideoX-5B", 2, 48, 17776, 64),
           ("Wan2.1-1.3B 480p", 1, 12, 32760, 128)]
-#: the 8-bit variants timed at every shape: (name, qk, rotate)
-VARIANTS = [("fp8", "fp8", False), ("int8+rot QK", "int8", True)]
+#: the 8-bit variants timed at every shape: (name, qk, rotate, hi_channels)
+VARIANTS = [("fp8", "fp8", False, 0), ("int8+rot QK", "int8", True, 0),
+            ("fp8 + 16 K channels bf16", "fp8", False, 16)]
 ERR_ROWS = 256
 #: ``--variants``: (name, (BLOCK_M, BLOCK_N, num_warps, num_stages), tma, exp2_poly); the first is the default
 _TILES = [("", (128, 128, 4, 3), True), (", 2 stages", (128, 128, 4, 2), True), (", 4 stages", (128, 128, 4, 4), True),
@@ -163,9 +164,10 @@ def measure_shape(name, B, H, S, D, best, log):
     rows_idx = torch.randperm(S, generator=g)[:ERR_ROWS].sort().values.cuda()
     methods = {"cuDNN SDPA bf16": _sdpa(SDPBackend.CUDNN_ATTENTION),
                "flash SDPA bf16": _sdpa(SDPBackend.FLASH_ATTENTION)}
-    for vname, qk, rot in VARIANTS:
+    for vname, qk, rot, hi in VARIANTS:
         methods[f"8-bit {vname} (K/V pass + attention)"] = (
-            lambda q, k, v, qk=qk, rot=rot: fa.fp8_attention(q, k, v, qk=qk, rotate=rot, config=cfg, **opts))
+            lambda q, k, v, qk=qk, rot=rot, hi=hi: fa.fp8_attention(q, k, v, qk=qk, rotate=rot, config=cfg,
+                                                                    hi_channels=hi, **opts))
     errors = {m: {} for m in methods}
     for outl in (False, True):
         q, k, v = _inputs(B, H, S, D, outl)
@@ -186,14 +188,14 @@ def measure_shape(name, B, H, S, D, best, log):
             row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         res["rows"].append(row)
         log(f"  {name}: {row}")
-    for vname, qk, rot in VARIANTS:
+    for vname, qk, rot, hi in VARIANTS:
         for part in ("attention kernel alone", "K/V pass alone"):
             row = {"method": f"8-bit {vname}: {part}"}
             try:
                 if part.startswith("K/V"):
-                    row["ms"] = _ms(fa.quantize_kv, k, v, block_n=cfg[1], qk=qk, rotate=rot)
+                    row["ms"] = _ms(fa.quantize_kv, k, v, block_n=cfg[1], qk=qk, rotate=rot, hi_channels=hi)
                 else:
-                    kv = fa.quantize_kv(k, v, block_n=cfg[1], qk=qk, rotate=rot)
+                    kv = fa.quantize_kv(k, v, block_n=cfg[1], qk=qk, rotate=rot, hi_channels=hi)
                     row["ms"] = _ms(fa.attention_fp8, q, kv, config=cfg, **opts)
                     row["tflops"] = _tflops(B, H, S, D, row["ms"])
             except Exception as e:  # noqa: BLE001

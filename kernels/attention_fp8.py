@@ -46,6 +46,12 @@ NaN where the row's Q scale is not finite (K/V: the NaN V scales already do). No
 with the same 16 KB of shared memory (the pair split stays in registers); ``exp2_poly=4``'s second split goes
 through shared memory (40 KB, 4× the ``ld.shared``); ``exp2_poly=1`` leaves 8 (the rescale's).
 
+Accuracy option (not the default; docs/ATTENTION.md "Outlier channels in 16 bits"): ``hi_channels=16`` keeps K's 16
+largest channels per head (and Q's same channels, times the logit scale) in a bf16 MMA beside the fp8 one —
+``formats.attention_fp8_reference(..., hi_channels=16)``. On the H200 it took the relative L2 with K outlier channels
+from 16.3 % to 3.3 % and ran 2.3× slower (``benchmarks/results/attention_h200_hi_s19.md``); ``k_hi`` now loads through
+TMA under ``tma`` (not yet timed).
+
 Lengths. Query rows past ``S_q`` are masked on load/store. Keys: ``kv_len`` (int32 per batch, ≤ S_kv;
 default S_kv) ends each batch's keys; full key blocks run unmasked, the one partial block runs masked
 (keys ≥ kv_len get −inf). A key-padding mask is exactly this. ``kv_len`` = 0 gives NaN (0/0).
@@ -90,6 +96,8 @@ EXP2_POLY = (0, 1, 2, 4)
 POLY = {32: 0, 64: 0, 128: 0}
 #: max relative error of the polynomial 2**x in fp32 (measured on a dense grid: tests/test_kernels_attention.py)
 EXP2_POLY_MAX_REL_ERR = 7.5e-5
+#: ``hi_channels`` the kernel takes besides 0 (one bf16 MMA of reduction 16; docs/ATTENTION.md; H200: 2.3× slower)
+HI_CHANNELS = 16
 
 
 @dataclass
@@ -98,7 +106,7 @@ class KV8:
 
     ``k`` ``[BH, S_pad, D]`` e4m3 or int8 codes of the smoothed (rotated) K; ``k_scale`` ``[BH, S_pad /
     block_n]`` fp32; ``v`` ``[BH, D, S_pad]`` e4m3 (transposed); ``v_scale`` ``[BH, D]`` fp32 (NaN for a
-    head with non-finite K or V)."""
+    head with non-finite K or V); ``hi_idx`` / ``k_hi``: the channels kept in bf16 (``hi_channels``)."""
 
     k: torch.Tensor
     k_scale: torch.Tensor
@@ -110,6 +118,10 @@ class KV8:
     block_n: int
     qk: str
     rotate: bool
+    #: ``hi_channels`` (docs/ATTENTION.md "Outlier channels in 16 bits"): ``hi_idx`` ``[BH, n]`` int32, the K
+    #: channels kept apart per head (ascending), ``k_hi`` ``[BH, S_pad, n]`` bf16 their smoothed values; None at n = 0
+    hi_idx: torch.Tensor | None = None
+    k_hi: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------------------------ jit helpers
@@ -129,6 +141,18 @@ def _e4m3(v, INTERP: tl.constexpr):
         return tl.where(v != v, v, r).to(tl.float8e4nv)
     else:
         return v.to(tl.float8e4nv)
+
+
+@triton.jit
+def _bf16(v, INTERP: tl.constexpr):
+    """fp32 → bf16, round to nearest even (the interpreter's conversion truncates: there the value is rounded
+    by bit arithmetic first, then converted exactly; NaN stays NaN, ±inf stays ±inf)."""
+    if INTERP:
+        bits = v.to(tl.int32, bitcast=True)
+        r = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(v != v, v, r).to(tl.bfloat16)
+    else:
+        return v.to(tl.bfloat16)
 
 
 @triton.jit
@@ -179,6 +203,21 @@ def _dot8(a, b, acc, INTERP: tl.constexpr):
         return acc + tl.dot(a, b, out_dtype=tl.int32).to(tl.float32)
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _dot16(a, b, INTERP: tl.constexpr):
+    """bf16 × bf16 MMA with fp32 accumulation (products exact in fp32), the ``hi_channels`` logit part."""
+    if INTERP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _is_hi(d, hidx):
+    """[D] mask of the channels listed in ``hidx`` [NH]."""
+    return tl.sum((d[:, None] == hidx[None, :]).to(tl.int32), axis=1) > 0
 
 
 @triton.jit
@@ -233,10 +272,10 @@ def exp2_tile(x: torch.Tensor, poly: int = 1) -> torch.Tensor:
 
 
 @triton.jit
-def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, S, S_pad, H,
+def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, hidx_ptr, khi_ptr, S, S_pad, H,
                      skb, skh, sks, skd, svb, svh, svs, svd,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, ROT: tl.constexpr,
-                     INTERP: tl.constexpr):
+                     NH: tl.constexpr, INTERP: tl.constexpr):
     j = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -250,6 +289,13 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
     kc = tl.where(valid, k.to(tl.float32) - mean[None, :], 0.0)
     if ROT:
         kc = _rotate(kc, D, INTERP)
+    if NH > 0:  # the hi channels: stored apart in bf16, zero in the 8-bit codes
+        j16 = tl.arange(0, NH)
+        hidx = tl.load(hidx_ptr + bh * NH + j16)
+        khi = tl.load(k_ptr + b * skb + h * skh + r64[:, None] * sks + hidx[None, :] * skd, mask=valid, other=0.0)
+        khi = tl.where(valid, khi.to(tl.float32) - tl.load(mean_ptr + bh * D + hidx)[None, :], 0.0)
+        tl.store(khi_ptr + bh.to(tl.int64) * S_pad * NH + r64[:, None] * NH + j16[None, :], _bf16(khi, INTERP))
+        kc = tl.where(_is_hi(d, hidx)[None, :], 0.0, kc)
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     amax = tl.max(tl.max(absbits(kc), axis=1), axis=0).to(tl.float32, bitcast=True)
     inv, scale = _amax_to_scale(amax, QMAX)
@@ -263,24 +309,41 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
 
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None, qk: str = "fp8",
-                rotate: bool = False, smooth: bool = True) -> KV8:
-    """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides)."""
+                rotate: bool = False, smooth: bool = True, hi_channels: int = 0) -> KV8:
+    """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides). ``hi_channels``: 0 or
+    :data:`HI_CHANNELS` K channels per head kept in bf16 (``formats.attention_quantize_kv``; module docstring)."""
     _check_qkv(k, k, v, qk)
     B, H, S, D = k.shape
+    _check_hi(hi_channels, D, rotate)
     block_n = block_n or CONFIGS[D][1]
     interp = check_launchable(k, v)
     mean, vamax = spec.attention_kv_stats(k, v, smooth=smooth)
+    hidx = khi = None
+    if hi_channels:  # max |k - mean| per channel from K's max and min (rounding is monotone: the spec's values)
+        amax = torch.maximum(k.amax(dim=2).float() - mean, mean - k.amin(dim=2).float())
+        hidx = amax.topk(hi_channels, dim=-1).indices.sort(dim=-1).values.to(torch.int32).reshape(B * H, -1)
+        hidx = hidx.contiguous()
     S_pad = cdiv(max(S, 1), block_n) * block_n
     dt8 = torch.int8 if qk == "int8" else torch.float8_e4m3fn
     k8 = torch.empty(B * H, S_pad, D, dtype=dt8, device=k.device)
     ks = torch.empty(B * H, S_pad // block_n, dtype=torch.float32, device=k.device)
     v8 = torch.empty(B * H, D, S_pad, dtype=torch.float8_e4m3fn, device=k.device)
+    if hi_channels:
+        khi = torch.empty(B * H, S_pad, hi_channels, dtype=torch.bfloat16, device=k.device)
     _kv_quant_kernel[(S_pad // block_n, B * H)](
-        k, v, mean, vamax, k8, ks, v8, S, S_pad, H, *k.stride(), *v.stride(),
-        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, INTERP=interp,
+        k, v, mean, vamax, k8, ks, v8, hidx if hi_channels else ks, khi if hi_channels else ks, S, S_pad, H,
+        *k.stride(), *v.stride(),
+        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, INTERP=interp,
         num_warps=4, enable_fp_fusion=False,
     )
-    return KV8(k8, ks, v8, _v_scale(vamax), B, H, S, block_n, qk, rotate)
+    return KV8(k8, ks, v8, _v_scale(vamax), B, H, S, block_n, qk, rotate, hidx, khi)
+
+
+def _check_hi(hi_channels: int, D: int, rotate: bool) -> None:
+    spec._check_hi_channels(hi_channels, D, rotate)
+    if hi_channels not in (0, HI_CHANNELS) or (hi_channels and HI_CHANNELS >= D):
+        raise ValueError(f"8-bit attention: the kernel keeps 0 or {HI_CHANNELS} K channels in bf16 (a bf16 MMA "
+                         f"reduces over 16) below head dim {D}, got hi_channels={hi_channels}")
 
 
 def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
@@ -293,8 +356,9 @@ def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
+                q_hi, khi_base, khi_desc,
                 D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                TMA: tl.constexpr, POLY: tl.constexpr, INTERP: tl.constexpr):
+                TMA: tl.constexpr, POLY: tl.constexpr, NH: tl.constexpr, INTERP: tl.constexpr):
     start = tl.multiple_of(start, BLOCK_N)
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
@@ -303,12 +367,25 @@ def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc,
     else:
         kt = tl.trans(tl.load(k8_base + n[:, None] * D + d[None, :]))  # [D, BLOCK_N], read as [BLOCK_N, D] rows
     s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
-    if MASK:
-        s = tl.where((n < n_kv)[None, :], s, float("-inf"))
     cks = c * tl.load(ks_base + start // BLOCK_N)
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * cks)
-    alpha = tl.exp2(m_i - m_new)
-    p = _exp2_mix(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]), BLOCK_M, BLOCK_N, POLY)
+    if NH > 0:  # the logit itself (× log2 e): the 8-bit part scaled, plus the bf16 part of the hi channels
+        j16 = tl.arange(0, NH)
+        if TMA:
+            khi_t = khi_desc.load([bh * S_pad + start, 0]).T  # [NH, BLOCK_N], pipelined like K
+        else:
+            khi_t = tl.trans(tl.load(khi_base + n[:, None] * NH + j16[None, :]))
+        s = tl.fma(s, cks[:, None], _dot16(q_hi, khi_t, INTERP))
+        if MASK:
+            s = tl.where((n < n_kv)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = _exp2_mix(s + (8.0 - m_new)[:, None], BLOCK_M, BLOCK_N, POLY)
+    else:
+        if MASK:
+            s = tl.where((n < n_kv)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * cks)
+        alpha = tl.exp2(m_i - m_new)
+        p = _exp2_mix(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]), BLOCK_M, BLOCK_N, POLY)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if TMA:
         vt = v_desc.load([bh * D, start]).T
@@ -319,12 +396,12 @@ def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc,
 
 
 @triton.jit
-def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, S_q, S_kv, S_pad, H,
-                     qk_const,
+def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, hidx_ptr, khi_ptr, khi_desc,
+                     S_q, S_kv, S_pad, H, qk_const, hi_const,
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
-                     INTERP: tl.constexpr):
+                     NH: tl.constexpr, INTERP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -338,6 +415,15 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
         qf = _rotate(q.to(tl.float32), D, INTERP)
     else:
         qf = q.to(tl.float32)
+    q_hi = qf  # unused unless NH > 0
+    khi_base = khi_ptr
+    if NH > 0:
+        hidx = tl.load(hidx_ptr + bh * NH + tl.arange(0, NH))
+        q_hi = tl.load(q_ptr + b * sqb + h * sqh + rows64[:, None] * sqs + hidx[None, :] * sqd, mask=rmask,
+                       other=0.0).to(tl.float32)
+        q_hi = _bf16(q_hi * hi_const, INTERP)  # the logit scale rides on Q's hi channels (the spec's rounding)
+        qf = tl.where(_is_hi(d, hidx)[None, :], 0.0, qf)
+        khi_base = khi_ptr + bh.to(tl.int64) * S_pad * NH
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     amax = tl.max(absbits(qf), axis=1).to(tl.float32, bitcast=True)
     inv, qscale = _amax_to_scale(amax, QMAX)
@@ -355,10 +441,12 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     full = (n_kv // BLOCK_N) * BLOCK_N
     for start in range(0, full, BLOCK_N):
         acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start,
-                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, False, TMA, POLY, INTERP)
+                                    n_kv, S_pad, q_hi, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH,
+                                    INTERP)
     if full < n_kv:
         acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, full,
-                                    n_kv, S_pad, D, BLOCK_M, BLOCK_N, True, TMA, POLY, INTERP)
+                                    n_kv, S_pad, q_hi, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY, NH,
+                                    INTERP)
     vs = tl.load(vs_ptr + bh * D + d)
     out = acc / l_i[:, None] * vs[None, :]
     if POLY != 0:  # the polynomial does not carry a non-finite Q row's NaN
@@ -400,18 +488,23 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
             raise ValueError(f"attention_fp8: kv_len must have shape ({B},), got {tuple(kv_len.shape)}")
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     qk_const = sm_scale * LOG2E / (D if kv.rotate else 1)
+    hi_const = float(torch.tensor(sm_scale * LOG2E, dtype=torch.float32))  # the logit scale on Q's hi channels
+    nh = 0 if kv.hi_idx is None else kv.hi_idx.shape[-1]
     S_pad = kv.k.shape[1]
-    k_desc = v_desc = kv.k
+    k_desc = v_desc = khi_desc = kv.k
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k_desc = TensorDescriptor.from_tensor(kv.k.view(-1, D), [bn, D])
+        if nh:
+            khi_desc = TensorDescriptor.from_tensor(kv.k_hi.view(-1, nh), [bn, nh])
         v_desc = TensorDescriptor.from_tensor(kv.v.view(-1, S_pad), [D, bn])
     _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
         q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
-        S_q, kv.seq_len, S_pad, H, qk_const, *q.stride(), *out.stride(),
+        kv.hi_idx if nh else kv.k_scale, kv.k_hi if nh else kv.k_scale, khi_desc,
+        S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, POLY=exp2_poly, INTERP=interp,
+        TMA=tma, POLY=exp2_poly, NH=nh, INTERP=interp,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out
@@ -420,12 +513,12 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int | None = None) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
     _check_qkv(q, k, v, qk)
     block_n = (config or CONFIGS[q.shape[-1]])[1]
-    kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
+    kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
     return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
                          exp2_poly=exp2_poly)
 
@@ -449,5 +542,5 @@ def _check_qkv(q, k, v, qk):
                          f"{sorted(CONFIGS)})")
 
 
-__all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "quantize_kv", "attention_fp8",
+__all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "HI_CHANNELS", "quantize_kv", "attention_fp8",
            "fp8_attention", "supported", "exp2_tile"]

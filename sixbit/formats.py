@@ -516,38 +516,72 @@ def _attn_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).float()
 
 
+def _check_hi_channels(hi_channels: int, D: int, rotate: bool) -> None:
+    if not 0 <= hi_channels <= D:
+        raise ValueError(f"hi_channels must be in [0, head dim {D}], got {hi_channels}")
+    if hi_channels and rotate:
+        raise ValueError("hi_channels and rotate exclude each other: the rotation spreads the outlier channels "
+                         "that hi_channels keeps apart")
+
+
 def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128, qk: str = "fp8",
-                          rotate: bool = False, smooth: bool = True) -> dict:
+                          rotate: bool = False, smooth: bool = True, hi_channels: int = 0) -> dict:
     """The K/V quantization: ``k`` codes ``[B, H, S_pad, D]`` (as fp32 values), ``k_scale`` ``[B, H, S_pad /
-    block_n]``, ``v`` codes ``[B, H, S_pad, D]`` (fp32 values of the e4m3 codes), ``v_scale`` ``[B, H, D]``."""
+    block_n]``, ``v`` codes ``[B, H, S_pad, D]`` (fp32 values of the e4m3 codes), ``v_scale`` ``[B, H, D]``.
+
+    ``hi_channels`` = n > 0 (an accuracy option, off by default; docs/ATTENTION.md "Outlier channels in 16 bits"):
+    per (batch, head) the n channels of largest smoothed-K amax are kept apart in bf16 — ``hi_idx`` ``[B, H, n]``
+    (ascending), ``k_hi`` ``[B, H, S_pad, n]`` (bf16 values as fp32) — and are zero in the 8-bit codes, whose
+    block scales then come from the other channels."""
     if qk not in ATTN_QK_FORMATS:
         raise ValueError(f"qk must be one of {ATTN_QK_FORMATS}, got {qk!r}")
     B, H, S, D = k.shape
+    _check_hi_channels(hi_channels, D, rotate)
     mean, vamax = attention_kv_stats(k, v, smooth=smooth)
     kc = k.float() - mean[:, :, None, :]
     if rotate:
         kc = kc @ attention_rotation(D, k.device)
+    hi = {}
+    if hi_channels:
+        idx = kc.abs().amax(dim=2).topk(hi_channels, dim=-1).indices.sort(dim=-1).values  # [B, H, n]
+        gather = idx[:, :, None, :].expand(B, H, S, hi_channels)
+        hi["hi_idx"] = idx
+        k_hi = kc.gather(-1, gather).to(torch.bfloat16).float()
+        kc = kc.scatter(-1, gather, 0.0)
     pad = (-S) % block_n if S else block_n
+    if hi_channels:
+        hi["k_hi"] = torch.nn.functional.pad(k_hi, (0, 0, 0, pad))
     kc = torch.nn.functional.pad(kc, (0, 0, 0, pad)).view(B, H, -1, block_n, D)
     kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)
     k8 = _attn_cast(kc * kinv[..., None, None], qk).view(B, H, -1, D)
     vinv, vscale = attention_scale(vamax, "fp8")
     v8 = _attn_cast(torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :], "fp8")
-    return {"k": k8, "k_scale": kscale, "v": v8, "v_scale": vscale}
+    return {"k": k8, "k_scale": kscale, "v": v8, "v_scale": vscale, **hi}
 
 
 def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128,
                             qk: str = "fp8", rotate: bool = False, smooth: bool = True,
-                            sm_scale: float | None = None, kv_len: torch.Tensor | None = None) -> torch.Tensor:
+                            sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
+                            hi_channels: int = 0) -> torch.Tensor:
     """What ``kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
-    ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch."""
+    ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch.
+
+    ``hi_channels`` = n > 0 (an accuracy option; the kernel takes n = 16): K's n largest channels per head and
+    the same channels of Q go through a bf16 product beside the 8-bit one — the logit (× log2 e) is
+    ``s8 · q_scale · k_scale · c + bf16(q_hi · c)ᵀ k_hi`` with ``c = sm_scale · log2 e``, the rest as without."""
     B, H, S_q, D = q.shape
-    kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth)
+    kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
     qf = q.float() @ attention_rotation(D, q.device) if rotate else q.float()
+    if hi_channels:
+        gather = kv["hi_idx"][:, :, None, :].expand(B, H, S_q, hi_channels)
+        q_hi = qf.gather(-1, gather)
+        qf = qf.scatter(-1, gather, 0.0)
     qinv, qscale = attention_scale(qf.abs().amax(dim=-1), qk)
     q8 = _attn_cast(qf * qinv[..., None], qk)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
+    if hi_channels:  # Q's hi channels carry the logit scale (sm_scale · log2 e), rounded to bf16 with it
+        q_hi = (q_hi * float(torch.tensor(sm_scale * _LOG2E, dtype=torch.float32))).to(torch.bfloat16).float()
     n_kv = torch.full((B,), k.shape[2]) if kv_len is None else kv_len.cpu().clamp(max=k.shape[2])
     acc = torch.zeros(B, H, S_q, D, device=q.device)
     m = torch.full((B, H, S_q), float("-inf"), device=q.device)
@@ -557,6 +591,9 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         valid = (j + torch.arange(block_n)[None, :] < n_kv[:, None]).to(q.device)  # [B, block_n]
         s = torch.where(valid[:, None, None, :], s, float("-inf"))
         cks = c * kv["k_scale"][:, :, j // block_n, None]
+        if hi_channels:  # the logit itself (times log2 e), then the same softmax
+            s = s * cks[..., None] + q_hi @ kv["k_hi"][:, :, j:j + block_n].transpose(-1, -2)
+            cks = torch.ones_like(cks)
         m_new = torch.maximum(m, s.amax(dim=-1) * cks)
         m_new = torch.where(valid.any(-1)[:, None, None], m_new, m)  # batches already past their keys
         alpha = torch.exp2(m - m_new)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import __main__ as cli
-from benchmarks import common, memory, mode_flip, quality, speed, weights
+from benchmarks import attention_accuracy, common, memory, mode_flip, quality, speed, weights
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,10 @@ def test_quality_smoke_on_sixbit_mini(out, one_thread):
     for label in ("FP16/FP32 (reference)", "static W4A4 (all NVFP4)", "full 6Bit (DMPQ+TDC+PDR) + 8-bit attention by policy"):
         assert f"| {label} |" in md
     assert (out / "q_schedule.json").exists()  # the full method's skip pattern, for the speed benchmark
+    # the judge's reading against FP32's: a column, a 0/1 flag per quantized video, none for the reference
+    assert "| judge ≠ FP32 |" in md and "judge_changed" not in data["runs"]["fp16"][0]
+    flag = data["runs"]["w4a4"][0]["judge_changed"]
+    assert flag in (0.0, 1.0) and f"| {int(flag)} / 1 |" in md.split("static W4A4 (all NVFP4)")[1].split("\n")[0]
     # the full preset routes attention by the mini policy's fits (CPU: the emulation); the static row never
     assert data["summary"]["w4a4"]["attention_fp8"]["mean"] == 0 and "| 8-bit attention |" in md
     sched = json.loads((out / "q_schedule.json").read_text())
@@ -86,6 +90,35 @@ def test_mode_flip_follows_one_video_and_replays_its_recorded_routes(out, one_th
     assert rows[("replay", "step 2's pattern from step 1")]["attention_routes"] == [recorded[0], *[recorded[2]] * 3]
     md = (out / "mf.md").read_text()
     assert data["reference"]["found"] in md and "| replay | as recorded |" in md and (out / "mf.png").exists()
+
+
+def test_quality_counts_videos_whose_judge_reading_flips():
+    """A shape read differently from the FP32 video's is a flip; the same reading is not; k / n per row."""
+    from types import SimpleNamespace
+
+    def verdict(shape, bg="red"):
+        return SimpleNamespace(objects=[{"found": {"colour": "yellow", "shape": shape, "motion": "moving down"}}],
+                               detected_background=(bg,))
+
+    ref = quality._judge_reading(verdict("circle"))
+    assert quality._judge_reading(verdict("circle")) == ref
+    assert quality._judge_reading(verdict("square")) != ref != quality._judge_reading(verdict("circle", "blue"))
+    assert quality._judge_reading(SimpleNamespace(objects=[{"found": None}], detected_background=())) != ref
+    assert quality._changed([{"judge_changed": 1.0}, {"judge_changed": 0.0}, {"judge_changed": 0.0}]) == "1 / 3"
+    assert quality._changed([{"psnr": float("inf")}]) == "—"
+
+
+def test_attention_accuracy_study_writes_every_row(out):
+    """The CPU accuracy study of the 8-bit attention's numerics: every row, both inputs, in JSON and markdown."""
+    attention_accuracy.main(["--keys", "300", "--rows", "16", "--heads", "1", "--out", str(out), "--name", "aa"])
+    data = json.loads((out / "aa.json").read_text())
+    err = data["relative_l2"]
+    assert set(err) == {label for label, _ in attention_accuracy.ROWS}
+    assert all(0 < e[c] < 1 for e in err.values() for c in ("normal", "K outliers"))
+    today, split = err["e4m3 QKᵀ (today's kernel)"], err["e4m3 + 8 K channels in bf16"]
+    assert split["K outliers"] < 0.5 * today["K outliers"]
+    md = (out / "aa.md").read_text()
+    assert f"| e4m3 + 8 K channels in bf16 | {split['normal']:.2%} | {split['K outliers']:.2%} |" in md
 
 
 def test_quality_same_skips_row_needs_its_source_first(out):

@@ -190,6 +190,75 @@ def test_spec_accuracy_vs_fp32():
     assert float(spec.relative_error(spec.attention_fp8_reference(q, k, v, qk="int8", rotate=True), exact)) < 0.06
 
 
+def test_spec_hi_channels_keep_k_outliers_out_of_the_8_bit_logits():
+    """The accuracy option hi_channels: K's largest channels per head, and Q's same channels, go
+    through a bf16 product. With 5 K channels ×20 the 8-bit logits' error dominates (~17 % relative L2); with
+    those channels apart it falls to the 8-bit PV's floor — what all 64 channels in bf16 give."""
+    q, k, v = _qkv(B=1, H=2, S=64, S_kv=1000, D=64, seed=11, dtype=torch.float32)
+    k[..., [3, 17, 30, 41, 60]] *= 20.0
+    exact = _sdpa(q, k, v)
+    err = {n: float(spec.relative_error(spec.attention_fp8_reference(q, k, v, hi_channels=n), exact))
+           for n in (0, 8, 64)}
+    assert err[0] > 0.10 and err[8] < 0.5 * err[0] and err[8] < 1.25 * err[64]
+    kv = spec.attention_quantize_kv(k, v, hi_channels=8)
+    assert kv["hi_idx"].shape == (1, 2, 8) and all(
+        {3, 17, 30, 41, 60} <= set(kv["hi_idx"][0, h].tolist()) for h in range(2))
+    kept = kv["k"].gather(-1, kv["hi_idx"][:, :, None, :].expand(-1, -1, kv["k"].shape[2], -1))
+    assert (kept == 0).all() and kv["k_hi"].shape == (1, 2, kv["k"].shape[2], 8)
+    assert torch.equal(kv["k_hi"], kv["k_hi"].bfloat16().float())
+    # without outliers it is no worse; 0 channels is today's spec exactly
+    q, k, v = _qkv(S=33, S_kv=70, D=64, seed=12, dtype=torch.float32)
+    exact = _sdpa(q, k, v)
+    assert float(spec.relative_error(spec.attention_fp8_reference(q, k, v, hi_channels=16), exact)) <= \
+        1.05 * float(spec.relative_error(spec.attention_fp8_reference(q, k, v), exact))
+    assert torch.equal(spec.attention_fp8_reference(q, k, v, hi_channels=0), spec.attention_fp8_reference(q, k, v))
+    # a non-finite K value still makes its whole head NaN; key padding still ends the keys
+    k2 = k.clone()
+    k2[0, 1, 5, 9] = float("nan")
+    out = spec.attention_fp8_reference(q, k2, v, hi_channels=8)
+    assert out[0, 1].isnan().all() and out[0, 0].isfinite().all()
+    short = spec.attention_fp8_reference(q, k, v, hi_channels=8, kv_len=torch.tensor([20]))
+    assert float(spec.relative_error(short, _sdpa(q, k[:, :, :20], v[:, :, :20]))) < 0.08
+    with pytest.raises(ValueError, match="hi_channels"):
+        spec.attention_fp8_reference(q, k, v, hi_channels=65)
+    with pytest.raises(ValueError, match="exclude"):
+        spec.attention_fp8_reference(q, k, v, hi_channels=4, rotate=True)
+
+
+def test_kernel_hi_channels_match_the_spec():
+    """The kernel's hi_channels = 16 (not yet run on a GPU): the K/V pass writes exactly the spec's channels, bf16
+    values and zeroed codes; the attention agrees with the spec on awkward lengths, key padding, K outliers and
+    non-finite input; other counts and the rotation are refused."""
+    n = fa.HI_CHANNELS
+    for S, S_kv, D, seed in ((45, 45, 32, 21), (33, 70, 64, 22)):
+        q, k, v = _qkv(S=S, S_kv=S_kv, D=D, seed=seed)
+        k[..., [1, 9, 20]] *= 20.0
+        kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=CFG[1], hi_channels=n)
+        ref = spec.attention_quantize_kv(k, v, block_n=CFG[1], hi_channels=n)
+        B, H, S_pad, _ = ref["k"].shape
+        assert torch.equal(kv.hi_idx.cpu().long().view(B, H, n), ref["hi_idx"])
+        assert torch.equal(kv.k_hi.float().cpu().view(B, H, S_pad, n), ref["k_hi"])
+        assert torch.equal(kv.k.float().cpu().view(B, H, S_pad, D), ref["k"])
+        out, exp = _run(q, k, v, config=CFG, hi_channels=n)
+        _close(out, exp)
+        assert float(spec.relative_error(out, exp)) < 0.005
+        assert float(spec.relative_error(out, _sdpa(q, k, v))) < \
+            0.5 * float(spec.relative_error(_run(q, k, v, config=CFG)[0], _sdpa(q, k, v)))
+    q, k, v = _qkv(B=3, S=20, S_kv=40, D=32, seed=23)
+    out, exp = _run(q, k, v, kv_len=torch.tensor([40, 17, 1]), config=CFG, hi_channels=n)
+    _close(out, exp)
+    q[0, 0, 4, 7] = float("inf")
+    k[1, 1, 30, 2] = float("nan")
+    out, exp = _run(q, k, v, config=CFG, hi_channels=n)
+    _close(out, exp)
+    assert out[0, 0, 4].isnan().all() and out[1, 1].isnan().all() and out[2].isfinite().all()
+    for bad in (8, 32):
+        with pytest.raises(ValueError, match="hi_channels"):
+            fa.quantize_kv(k.to(DEV), v.to(DEV), hi_channels=bad)
+    with pytest.raises(ValueError, match="exclude"):
+        fa.quantize_kv(k.to(DEV), v.to(DEV), hi_channels=n, rotate=True)
+
+
 def test_strided_views_and_out_buffer():
     """The processor's layout: q/k/v as transposed views of [B, S, H, D]; output written into one."""
     B, S, H, D = 2, 21, 2, 32
