@@ -135,8 +135,7 @@ def quality(args) -> dict:
                 handle.remove()
 
     metrics = ("psnr", "ssim", "flow_error", "flow_score", "flicker", "adherence", "judge_changed", "avg_act_bits",
-               "skip_fraction",
-               "pdr_count", "attention_fp8", "time_s")
+               "skip_fraction", "pdr_count", "attention_fp8", "time_s")
     summary = {c: {m: stats([r.get(m) for r in rows[c]]) for m in metrics} for c in configs}
     env = environment(device, args.command)
     payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "tdc_overrides": overrides,
@@ -160,8 +159,8 @@ def quality(args) -> dict:
           "*8-bit attention*: the fraction of computed block evaluations whose attention ran 8-bit (the method "
           "presets route it by the policy; on the CPU it is the torch emulation of the kernel's numerics). "
           "*judge ≠ FP32*: videos in which the judge reads another colour, shape, motion or background than in "
-          "the FP32 video of the same prompt and seed — a flip of the outcome, which costs ~20 dB of PSNR on its "
-          "own (docs/TDC.md §13): a mean moved by one such video needs the per-video comparison.", "",
+          "the FP32 video of the same prompt and seed — a flip of the outcome, which alone can cost ~20 dB of PSNR "
+          "(docs/TDC.md §13): a mean moved by one such video needs the per-video comparison.", "",
           "| configuration | PSNR dB ↑ | SSIM ↑ | flow err ↓ | flow score | flicker | adherence % | judge ≠ FP32 | "
           "act bits | skipped | PDR / run | 8-bit attention | time s |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
