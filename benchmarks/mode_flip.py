@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from benchmarks.common import RESULTS, env_md, environment, make_config, mini_setup, parse, write_results
@@ -65,8 +66,6 @@ def _found(verdict) -> str:
 
 
 def mode_flip(args) -> dict:
-    import numpy as np
-
     import sixbit
     from sixbit.metrics import compare
     from sixbit.mini.judge import judge
@@ -122,8 +121,9 @@ def mode_flip(args) -> dict:
     for label, (preset, over) in args.rows.items():
         video, lat, trace = generate(make_config(preset, **over))
         record("row", label, video, lat, trace)
-        if schedule is None and trace.skip_schedule().attention:
-            schedule, replay_preset = trace.skip_schedule(), (preset, over)
+        recorded = trace.skip_schedule() if schedule is None else None
+        if recorded is not None and recorded.attention:
+            schedule, replay_preset = recorded, (preset, over)
     if schedule is not None:
         branch = next(iter(schedule.attention))
         preset, over = replay_preset
@@ -162,12 +162,12 @@ def mode_flip(args) -> dict:
                "`b` bf16):", "", "```", *schedule.attention[branch], "```"]
     md += ["", f"![divergence per step]({name}.png)", "", env_md(env), ""]
     write_results(name, payload, "\n".join(md), out)
-    _plot(rows, out / f"{name}.png", prompt, args.seed, np)
+    _plot(rows, out / f"{name}.png", prompt, args.seed)
     print("\n".join(md))
     return payload
 
 
-def _plot(rows, path: Path, prompt: str, seed: int, np) -> None:
+def _plot(rows, path: Path, prompt: str, seed: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -367,6 +367,8 @@ def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc,
     else:
         kt = tl.trans(tl.load(k8_base + n[:, None] * D + d[None, :]))  # [D, BLOCK_N], read as [BLOCK_N, D] rows
     s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+    if MASK:  # −inf stays −inf through the hi channels' FMA below
+        s = tl.where((n < n_kv)[None, :], s, float("-inf"))
     cks = c * tl.load(ks_base + start // BLOCK_N)
     if NH > 0:  # the logit itself (× log2 e): the 8-bit part scaled, plus the bf16 part of the hi channels
         j16 = tl.arange(0, NH)
@@ -375,14 +377,10 @@ def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc,
         else:
             khi_t = tl.trans(tl.load(khi_base + n[:, None] * NH + j16[None, :]))
         s = tl.fma(s, cks[:, None], _dot16(q_hi, khi_t, INTERP))
-        if MASK:
-            s = tl.where((n < n_kv)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = _exp2_mix(s + (8.0 - m_new)[:, None], BLOCK_M, BLOCK_N, POLY)
     else:
-        if MASK:
-            s = tl.where((n < n_kv)[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * cks)
         alpha = tl.exp2(m_i - m_new)
         p = _exp2_mix(tl.fma(s, cks[:, None], (8.0 - m_new)[:, None]), BLOCK_M, BLOCK_N, POLY)

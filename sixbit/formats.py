@@ -541,16 +541,14 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     kc = k.float() - mean[:, :, None, :]
     if rotate:
         kc = kc @ attention_rotation(D, k.device)
+    pad = (-S) % block_n if S else block_n
     hi = {}
     if hi_channels:
         idx = kc.abs().amax(dim=2).topk(hi_channels, dim=-1).indices.sort(dim=-1).values  # [B, H, n]
         gather = idx[:, :, None, :].expand(B, H, S, hi_channels)
-        hi["hi_idx"] = idx
         k_hi = kc.gather(-1, gather).to(torch.bfloat16).float()
+        hi = {"hi_idx": idx, "k_hi": torch.nn.functional.pad(k_hi, (0, 0, 0, pad))}
         kc = kc.scatter(-1, gather, 0.0)
-    pad = (-S) % block_n if S else block_n
-    if hi_channels:
-        hi["k_hi"] = torch.nn.functional.pad(k_hi, (0, 0, 0, pad))
     kc = torch.nn.functional.pad(kc, (0, 0, 0, pad)).view(B, H, -1, block_n, D)
     kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)
     k8 = _attn_cast(kc * kinv[..., None, None], qk).view(B, H, -1, D)
@@ -572,16 +570,15 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     B, H, S_q, D = q.shape
     kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
     qf = q.float() @ attention_rotation(D, q.device) if rotate else q.float()
-    if hi_channels:
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    if hi_channels:  # Q's hi channels carry the logit scale (sm_scale · log2 e), rounded to bf16 with it
         gather = kv["hi_idx"][:, :, None, :].expand(B, H, S_q, hi_channels)
-        q_hi = qf.gather(-1, gather)
+        c_hi = float(torch.tensor(sm_scale * _LOG2E, dtype=torch.float32))
+        q_hi = (qf.gather(-1, gather) * c_hi).to(torch.bfloat16).float()
         qf = qf.scatter(-1, gather, 0.0)
     qinv, qscale = attention_scale(qf.abs().amax(dim=-1), qk)
     q8 = _attn_cast(qf * qinv[..., None], qk)
-    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
-    if hi_channels:  # Q's hi channels carry the logit scale (sm_scale · log2 e), rounded to bf16 with it
-        q_hi = (q_hi * float(torch.tensor(sm_scale * _LOG2E, dtype=torch.float32))).to(torch.bfloat16).float()
     n_kv = torch.full((B,), k.shape[2]) if kv_len is None else kv_len.cpu().clamp(max=k.shape[2])
     acc = torch.zeros(B, H, S_q, D, device=q.device)
     m = torch.full((B, H, S_q), float("-inf"), device=q.device)
