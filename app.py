@@ -350,7 +350,7 @@ def hardware_class(device) -> str:
 
 def self_check_seconds(device) -> float:
     """Seconds the kernels' load-time self-checks have taken on ``device`` so far (compiles included)."""
-    from sixbit import kernels
+    import sixbit_kernels as kernels
 
     return sum(v["seconds"] for v in kernels.ops.self_check_status(device).values())
 

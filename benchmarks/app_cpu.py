@@ -33,9 +33,9 @@ import torch  # noqa: E402
 
 import app  # noqa: E402  (the repository root is on sys.path under `python -m benchmarks`)
 import sixbit  # noqa: E402
+import sixbit_kernels as sk  # noqa: E402
 from benchmarks.common import environment  # noqa: E402
 from sixbit import formats as fmt  # noqa: E402
-from sixbit import kernels as sk  # noqa: E402
 
 PROMPT = "a red circle moving right on a black background"
 #: profile rows: (label, function name pattern in cProfile's "file:line(name)")

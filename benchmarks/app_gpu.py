@@ -123,7 +123,7 @@ def self_check_alone(folder: Path, device, frames: int, width: int, height: int)
     """The self-check's cost in this process: three 6Bit steps (step 0 runs INT8, later steps NVFP4 too) with
     fresh checks (+ compiles), then again with the checks reset and the kernels compiled."""
     import sixbit
-    from sixbit import kernels
+    import sixbit_kernels as kernels
 
     pipe = sixbit.load_pipeline(str(folder), device=device)
     out = {}

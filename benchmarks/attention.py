@@ -38,8 +38,8 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
+import sixbit_kernels as sk
 from sixbit import formats as spec
-from sixbit import kernels as sk
 
 fa = sk.attention_fp8
 

@@ -84,7 +84,7 @@ def _code_diff(a, b) -> dict:
 def run(dev, model: str, smoke: bool = False) -> dict:
     from diffusers.models.normalization import CogVideoXLayerNormZero
 
-    from sixbit import kernels as sk
+    import sixbit_kernels as sk
 
     hq, nq, gq = sk.hadamard_quant, sk.norm_quant, sk.gelu_quant
     dim, ff, layers, _ = MODELS[model]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 import torch
 from triton.testing import do_bench
 
+import sixbit_kernels as sk
 from sixbit import formats as spec
-from sixbit import kernels as sk
 
 ops, g4, g8, hq, targets = sk.ops, sk.gemm_w4, sk.gemm_w8a8, sk.hadamard_quant, sk.targets
 

@@ -26,8 +26,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
+import sixbit_kernels as sk
 from sixbit import formats as spec
-from sixbit import kernels as sk
 
 ops, targets = sk.ops, sk.targets
 

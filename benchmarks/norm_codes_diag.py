@@ -10,9 +10,9 @@ import torch
 
 sys.path.insert(0, "tests")
 import test_kernels_fused as t
-from sixbit_kernels import norm_quant as nq  # noqa
 
 from sixbit import formats as spec
+from sixbit_kernels import norm_quant as nq  # noqa
 
 out = {}
 for k in (384, 1920, 3072, 4096):

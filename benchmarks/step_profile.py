@@ -6,7 +6,7 @@ category over the profiled steps (the first steps are skipped: warm-up, and DMPQ
 
 * ``attention``: the SDPA kernels (flash / cuDNN / memory-efficient);
 * ``cuBLAS GEMM``: 16-bit matmuls (the baseline's linears; sixbit's remaining 16-bit layers);
-* ``sixbit GEMM`` / ``sixbit quantize``: the Triton kernels of ``kernels/`` (``_gemm*`` / ``_decode_w`` and
+* ``sixbit GEMM`` / ``sixbit quantize``: the Triton kernels of ``sixbit_kernels/`` (``_gemm*`` / ``_decode_w`` and
   ``_rows``/``_nvfp4``);
 * ``other``: norms, modulation, rotary embeddings, activations, copies, residual adds.
 

@@ -24,7 +24,6 @@ _EXPORTS = {
     "SkipSchedule": "sixbit.tdc",
     "Trace": "sixbit.trace",
     "quantize_text_encoder": "sixbit.text_encoder",
-    "kernels": "sixbit._kernels",  # the Triton kernel package (``kernels/``, imported as ``sixbit_kernels``)
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -6,7 +6,7 @@ Engineering, not the method (config ``fast_qk_norm``, default on; CUDA only). di
 ``apply_rotary_emb`` to the video tokens: about eight element-wise passes, several in fp32, plus a copy
 back into the normalized tensor. On the H200 these were ~12 % + ~6 % of a CogVideoX-2B denoising step
 (``benchmarks/results/step_profile_h200_2b*.md``). :class:`FusedQKNormRopeProcessor` runs the same
-attention with ``kernels/layernorm.py``'s ``layer_norm_rows(..., rope=...)``: one read of the strided
+attention with ``sixbit_kernels/layernorm.py``'s ``layer_norm_rows(..., rope=...)``: one read of the strided
 q (k) view, one write of the normalized, rotated result, in the reference's arithmetic (see that module).
 
 It is installed with diffusers' own ``Attention.set_processor`` (no monkey-patching) on every attention
@@ -17,7 +17,7 @@ the original processors back.
 
 The attention route (``attention_route``, one of :data:`ATTENTION_ROUTES`): ``"bf16"`` (default) is
 PyTorch SDPA in the model dtype, as diffusers runs it; ``"fp8"`` is sixbit's 8-bit attention
-(``kernels/attention_fp8.py``, docs/ATTENTION.md) — set per processor, so a policy can choose it per
+(``sixbit_kernels/attention_fp8.py``, docs/ATTENTION.md) — set per processor, so a policy can choose it per
 block and per step by assigning ``processor.attention_route`` before the block runs (what the linears'
 ``route`` attribute is to DMPQ). Where the 8-bit kernel cannot run (CPU without ``allow_cpu``, a GPU below
 sm_89, an unsupported head dim, an attention mask) the call falls back to SDPA; ``last_attention_route``
@@ -48,7 +48,7 @@ ATTENTION_ROUTES = ("bf16", "fp8")
 
 
 def _fp8_module():
-    from sixbit._kernels import kernels
+    import sixbit_kernels as kernels
 
     return kernels.attention_fp8
 

@@ -1,7 +1,7 @@
 """The numerics spec of sixbit, in plain torch: the single source of truth for every kernel.
 
 Everything here runs on CPU and GPU tensors alike and favours clarity over speed. The Triton kernels in
-``kernels/`` are tested against these functions (bit-exact for quantization, fp32-accumulation tolerance
+``sixbit_kernels/`` are tested against these functions (bit-exact for quantization, fp32-accumulation tolerance
 for GEMMs); the CPU path of the engine calls them directly.
 
 NVFP4 (as NVIDIA ModelOpt and torchao define it)
@@ -449,7 +449,7 @@ def reference_linear(
 
 
 # ================================================================================================
-# 8-bit attention (kernels/attention_fp8.py): the exact quantized numerics
+# 8-bit attention (sixbit_kernels/attention_fp8.py): the exact quantized numerics
 # ================================================================================================
 #
 # softmax(Q Kᵀ · sm_scale) V with both products on 8-bit operands, per (batch, head):
@@ -561,7 +561,7 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
                             qk: str = "fp8", rotate: bool = False, smooth: bool = True,
                             sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                             hi_channels: int = 0) -> torch.Tensor:
-    """What ``kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
+    """What ``sixbit_kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
     ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch.
 
     ``hi_channels`` = n > 0 (an accuracy option; the kernel takes n = 16): K's n largest channels per head and
@@ -617,14 +617,14 @@ __all__ += [
 
 
 # ================================================================================================
-# Fused producers (kernels/norm_quant.py, kernels/gelu_quant.py): what they compute, in plain torch
+# Fused producers (sixbit_kernels/norm_quant.py, sixbit_kernels/gelu_quant.py): what they compute, in plain torch
 # ================================================================================================
 #
 # Each is "the 16-bit output the model computes, then the INT8 route's activation quantization":
 # ``quantize_int8(block_hadamard(y, b), check_finite=False)`` of that output ``y`` — the operand the W8A8 /
 # W4A8 GEMM consumes. The kernels never write ``y``; they agree with these functions up to the documented
 # one-ulp differences of ``y`` (summation order of the LayerNorm statistics, the GELU's tanh) and the
-# fused rotation's rare one-step code flips (see kernels/hadamard_quant.py).
+# fused rotation's rare one-step code flips (see sixbit_kernels/hadamard_quant.py).
 
 
 def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -6,7 +6,7 @@ video and the text stream) feeds only to_q/to_k/to_v — through the attention p
 video])`` — and ``norm2`` feeds only ff.net.0.proj, through the same concatenation. When every one of
 those consumers runs an INT8-activation route this step (``w8a8``, or W4A8's ``int8``; read from each
 ``SixBitLinear`` after the engine's block hook set the routes — :meth:`SixBitLinear.operand_form`), the
-16-bit norm output is never needed: ``ops.norm_modulate_int8`` (``kernels/norm_quant.py``) reads each
+16-bit norm output is never needed: ``ops.norm_modulate_int8`` (``sixbit_kernels/norm_quant.py``) reads each
 stream once and writes the per-token INT8 codes of the rotated ``[text; video]`` rows, and the linears take
 that ``ops.QuantizedInput`` instead of a tensor (their GEMM alone runs). Any other route, an outlier count
 to take, an observer, the torch backend or the CPU: the block's own forward runs, unchanged.
@@ -15,7 +15,7 @@ Measured on the H200 at 2B shapes (``benchmarks/results/fused_quant_h200.md``, t
 its per-column operands once per program): diffusers' norm + modulate + concatenation + sixbit's INT8
 quantize 0.653 ms per call, fused 0.268 ms — two calls per block; one W8A8 block 16.82 → 15.96 ms, 25.8 ms
 per computed step. Model dims up to :data:`MAX_DIM` are fused (CogVideoX-5B's 3072 included; its timing:
-``python -m benchmarks fused_quant --model 5b``). The GELU → INT8 kernel (``kernels/gelu_quant.py``) measured slower than GELU + quantize
+``python -m benchmarks fused_quant --model 5b``). The GELU → INT8 kernel (``sixbit_kernels/gelu_quant.py``) measured slower than GELU + quantize
 (1.05 vs 0.55 ms) and is not wired (docs/KERNELS.md).
 
 :class:`FusedProducersHook` is a ``diffusers.hooks.ModelHook`` on each block, registered *inside* the

@@ -43,8 +43,6 @@ def ops():
     """``sixbit_kernels.ops``: ``pack_linear``, ``linear``, ``compute_path`` (the kernels' contract)."""
     global _OPS
     if _OPS is None:
-        from sixbit._kernels import kernels  # noqa: F401  (registers ``sixbit_kernels`` when not installed)
-
         _OPS = importlib.import_module("sixbit_kernels.ops")
     return _OPS
 

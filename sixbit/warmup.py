@@ -20,7 +20,7 @@ configured run can reach:
   small problem compiles what a video's two streams launch — tests/test_kernels_fused.py).
 
 It reuses the load-time self-check instead of adding a pass of its own: the first call of a route on a
-device *is* its self-check (``kernels/selfcheck.py``: the check runs the kernel on an input of the
+device *is* its self-check (``sixbit_kernels/selfcheck.py``: the check runs the kernel on an input of the
 caller's width and compares it with the torch reference), so a warmed route is checked and compiled and
 the run's first real call finds both cached. Rows: ``rows`` (default :data:`ROWS`, a multiple of 16 and in
 the GEMMs' large size class, like a real video's M = 2 × 17,776) — a run whose row count is not a multiple

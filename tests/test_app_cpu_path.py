@@ -9,8 +9,8 @@ layer on the CPU, and the activations are rounded straight to E2M1 values — id
 import pytest
 import torch
 
+import sixbit_kernels as sk
 from sixbit import formats as spec
-from sixbit import kernels as sk
 
 
 def _awkward(seed: int) -> torch.Tensor:

@@ -192,3 +192,20 @@ def test_triton_cache_persists_where_the_host_allows(tmp_path, monkeypatch):
         device = "cpu"
 
     assert app.compile_kernels(CpuPipe()) is None
+
+
+def test_no_top_level_folder_shadows_an_installed_package():
+    """A Space (and the tests) run from the repo root, so a top-level package folder wins over an installed
+    distribution of the same import name. transformers 5.25 installs the PyPI ``kernels`` and imports it
+    while loading any model: a folder ``kernels/`` here broke every pipeline (CI, session 20)."""
+    import importlib.metadata
+    import importlib.util
+
+    owners = importlib.metadata.packages_distributions()
+    folders = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())
+    shadowed = {name: owners[name] for name in folders if set(owners.get(name, ())) - {"sixbit"}}
+    assert not shadowed, f"repo folders shadow installed packages: {shadowed}"
+    assert "sixbit" in folders and "sixbit_kernels" in folders
+    spec = importlib.util.find_spec("kernels")  # present once transformers >= 5.25 is installed
+    if spec is not None:
+        assert Path(spec.origin).resolve().parent.parent != ROOT, spec.origin  # the installed one, not a folder here

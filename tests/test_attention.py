@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention, CogVideoXAttnProcessor2_0
 
-from sixbit import kernels as sk
+import sixbit_kernels as sk
 from sixbit.attention import FusedQKNormRopeProcessor
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

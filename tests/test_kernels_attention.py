@@ -1,4 +1,4 @@
-"""``kernels/attention_fp8.py`` against ``formats.attention_fp8_reference`` (interpreter on CPU, native on a
+"""``sixbit_kernels/attention_fp8.py`` against ``formats.attention_fp8_reference`` (interpreter on CPU, native on a
 GPU): the K/V pass bit for bit, the attention to fp32 rounding, awkward lengths, key padding, outlier
 channels, zeros, huge/tiny magnitudes and non-finite input; and the spec against fp32 attention."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+import sixbit_kernels as sk
 from sixbit import formats as spec
-from sixbit import kernels as sk
 
 fa = sk.attention_fp8
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

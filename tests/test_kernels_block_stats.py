@@ -1,4 +1,4 @@
-"""``kernels/block_stats.py`` (the engine's per-block Δ / Γ / delta-change pass) and ``ops.outlier_count``
+"""``sixbit_kernels/block_stats.py`` (the engine's per-block Δ / Γ / delta-change pass) and ``ops.outlier_count``
 against the torch reference (``sixbit.dmpq.gamma_sums``, ``sixbit.tdc.delta_change_sums``,
 ``sixbit.formats.outlier_count``); interpreter on the CPU."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import sixbit
+import sixbit_kernels as sk
 from sixbit import SixBitConfig
 from sixbit import formats as spec
-from sixbit import kernels as sk
 from sixbit.dmpq import gamma_sums
 from sixbit.tdc import delta_change_sums
 from sixbit.testing import generate, tiny_cogvideox_pipeline

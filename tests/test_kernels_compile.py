@@ -33,7 +33,7 @@ def results(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9's default, stated to silence its warning
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from sixbit import kernels; from sixbit_kernels import aot; "
+        [sys.executable, "-c", "import sys; from sixbit_kernels import aot; "
          f"sys.exit(aot.main(['--caps', '{','.join(map(str, CAPS))}', '--json', {str(out)!r}]))"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )
@@ -67,7 +67,7 @@ def test_token_count_arguments_are_not_specialised():
     rows at 2B) do not specialise on them, so the warm-up's small problem compiles the variant a run meets
     (session 12: the rows kernel's M specialisation put a 0.5 s compile inside step 8 of a timed run)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("from sixbit import kernels; from sixbit_kernels import hadamard_quant as h, norm_quant as n; "
+    code = ("from sixbit_kernels import hadamard_quant as h, norm_quant as n; "
             "print({f.fn.__name__: sorted(p.name for p in f.params if p.do_not_specialize) "
             "for f in (h._rows_kernel, n._norm_mod_kernel)})")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""Fused producers (kernels/norm_quant.py, kernels/gelu_quant.py) against ``sixbit.formats``.
+"""Fused producers (sixbit_kernels/norm_quant.py, sixbit_kernels/gelu_quant.py) against ``sixbit.formats``.
 
 Two comparisons for each: with today's unfused path — the model's 16-bit output computed by PyTorch, then
 ``hadamard_quant.quantize_int8_act`` (what ``ops.linear`` would do) — and with the plain-torch reference
@@ -18,8 +18,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+import sixbit_kernels as sk  # noqa: E402
 from sixbit import formats as spec  # noqa: E402
-from sixbit import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 nq, gq, hq = sk.norm_quant, sk.gelu_quant, sk.hadamard_quant
@@ -254,7 +254,7 @@ import sys, torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
-from sixbit import kernels as sk
+import sixbit_kernels as sk
 from sixbit_kernels import aot
 
 def keys(b, s_video, s_text, d):

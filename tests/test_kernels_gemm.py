@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+import sixbit_kernels as sk  # noqa: E402
 from sixbit import formats as spec  # noqa: E402
-from sixbit import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 g4 = sk.gemm_w4
 g8 = sk.gemm_w8a8

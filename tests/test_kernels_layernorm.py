@@ -1,4 +1,4 @@
-"""``kernels/layernorm.py``: LayerNorm over short strided rows against ``F.layer_norm`` (interpreter on CPU)."""
+"""``sixbit_kernels/layernorm.py``: LayerNorm over short strided rows against ``F.layer_norm`` (interpreter on CPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from sixbit import kernels as sk  # noqa: E402  (registers sixbit_kernels)
+import sixbit_kernels as sk  # noqa: E402
 
 ln = sk.layernorm
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+import sixbit_kernels as sk  # noqa: E402
 from sixbit import formats as spec  # noqa: E402
-from sixbit import kernels as sk  # noqa: E402  (registers sixbit_kernels)
 
 hq = sk.hadamard_quant
 _e2m1_encode = sk._common.e2m1_encode

@@ -1,4 +1,4 @@
-"""The load-time self-check (``kernels/selfcheck.py``): a broken kernel is caught before it serves, the
+"""The load-time self-check (``sixbit_kernels/selfcheck.py``): a broken kernel is caught before it serves, the
 route falls back to the next safe implementation with a warning, and ``compute_path`` says so.
 
 Runs in triton's interpreter: ``selfcheck.interpreter_dispatch`` makes ``backend="auto"`` on CPU tensors
@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+import sixbit_kernels as sk  # noqa: E402
 from sixbit import formats as spec  # noqa: E402
-from sixbit import kernels as sk  # noqa: E402
 
 ops, selfcheck, targets = sk.ops, sk.selfcheck, sk.targets
 

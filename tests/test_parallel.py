@@ -125,8 +125,8 @@ def _amax_x(rows: int = 8, k: int = 64) -> torch.Tensor:
 def _amax_outputs(x: torch.Tensor, reduce_amax) -> dict:
     """NVFP4 of ``x`` (Hadamard 16): the Triton kernel's codes, block scales and tensor scale, the torch
     reference's values, and an nvfp4 linear on both backends."""
+    import sixbit_kernels as sk
     from sixbit import formats
-    from sixbit import kernels as sk
     from sixbit.linear import ops
 
     packed = ops().pack_linear(torch.randn(16, x.shape[1], generator=torch.Generator().manual_seed(4)), None,

@@ -147,7 +147,7 @@ def compile_one(fn, args, kwargs, cap: int) -> dict:
 
 def _worker(job):
     caps, variant = job
-    from sixbit._kernels import kernels as sk
+    import sixbit_kernels as sk
 
     results = []
     for cap in caps:

@@ -1,4 +1,4 @@
-"""sixbit's Triton kernels (imported as ``sixbit_kernels``; see ``sixbit/_kernels.py``).
+"""sixbit's Triton kernels (never a top-level ``kernels``: that name is the PyPI package transformers imports).
 
 * ``ops``            — the public surface: ``pack_linear``, ``linear``, ``quantize_act``, ``compute_path``
 * ``hadamard_quant`` — fused block-Hadamard + NVFP4 / INT8 activation quantization (+ outlier count)
