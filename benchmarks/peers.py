@@ -41,7 +41,8 @@ import numpy as np
 import torch
 
 from benchmarks import common
-from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, gpu_only_entry, weight_bytes
+from benchmarks.peers_report import with_gpu_only_rows
+from benchmarks.peers_rows import ROWS, Ctx, WorkCounter, calibrate_magcache, weight_bytes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("psnr", "ssim", "flow_error", "adherence", "computed_fraction", "time_s")
@@ -221,8 +222,7 @@ def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
     rows: dict[str, Any] = {}
     missing = []
     for name, row in ROWS.items():
-        if row.gpu_only:
-            rows[name] = gpu_only_entry(name)
+        if row.gpu_only:  # added below, in the arena's order, with a borrowed quality where they have one
             continue
         meta_p = run / f"row__{name}.json"
         meta = json.loads(meta_p.read_text()) if meta_p.exists() else {"name": name, "label": row.label}
@@ -253,6 +253,7 @@ def summarize(run: Path, args, prompts, seeds, gen, mag) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if getattr(args, "carry_missing", False):
         _carry_rows(out / f"{name}.json", payload)
+    payload["rows"] = with_gpu_only_rows(payload["rows"])  # after carrying: a borrowed quality may be a carried row's
     payload["commands"] = list(dict.fromkeys(r["command"] for r in payload["rows"].values() if r.get("command")))
     _keep_rows(out / f"{name}.json", payload, run, args.drop_missing)
     (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str) + "\n")

@@ -31,6 +31,8 @@ def _mb(b) -> str:
 
 def _cannot(r: dict) -> str | None:
     """The one-line reason a row has no quality here (a GPU-only row, or an error), else None."""
+    if r.get("quality_of"):  # a GPU speed row with a CPU row's numbers
+        return None
     if r.get("gpu_only"):
         return "GPU only: " + r.get("reason", "")
     if r.get("error") and not r.get("n"):
@@ -96,9 +98,10 @@ def estimate(row: dict, fam: dict, steps: int) -> dict[str, Any]:
     return {"denoise_s": sum(t), "step_s": t}
 
 
-#: GPU-only caching rows (no sixbit-mini quality: the mini runs on the CPU) borrow the work pattern of the
-#: CPU row with the same cache on the same kind of quantized model
-PATTERN_FROM = {"stack_fbc_fp8_sage": "stack_fbc_int8", "stack_fbc_fp8_compile": "stack_fbc_int8"}
+#: GPU-only caching rows without a CPU twin of the same numbers (SageAttention's attention cannot run on the
+#: CPU) borrow the work pattern of the CPU row with the same cache on the same quantized model; the rows with
+#: a ``Row.quality_from`` carry that row's quality and pattern (:func:`with_gpu_only_rows`)
+PATTERN_FROM = {"stack_fbc_fp8_sage": "stack_fbc_fp8"}
 
 
 def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
@@ -118,7 +121,7 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
         return {}
     rows = dict(quality["rows"])
     for name, row in ROWS.items():
-        if row.gpu_only:
+        if row.gpu_only and not rows.get(name, {}).get("quality_of"):
             src = rows.get(PATTERN_FROM.get(name, ""), {})
             rows[name] = {**rows.get(name, {}), "family": row.family, "label": row.label, "gpu_only": True,
                           "per_step_computed": src.get("per_step_computed") if row.caching else None}
@@ -162,12 +165,22 @@ def merge_speed(runs: list[dict]) -> dict:
 
 
 def with_gpu_only_rows(rows: dict) -> dict:
-    """A quality table's rows plus the GPU-only rows added since it ran (they have no videos on the CPU, only a
-    reason), in the arena's row order."""
+    """A quality table's rows plus every GPU-only row (they have no videos on the CPU, only a reason), in the
+    arena's row order. A GPU speed row whose numbers are a CPU row's (``Row.quality_from``: compilation fuses
+    kernels, not the quantization) carries that row's quality and work pattern, marked ``quality_of``, when the
+    table has that row."""
     from benchmarks.peers_rows import ROWS, gpu_only_entry
 
     order = [n for n in ROWS if n in rows or ROWS[n].gpu_only] + [n for n in rows if n not in ROWS]
-    return {n: rows.get(n) or gpu_only_entry(n) for n in order}
+    out = {}
+    for n in order:
+        out[n] = rows.get(n) if n not in ROWS or not ROWS[n].gpu_only else gpu_only_entry(n)
+        src = rows.get(ROWS[n].quality_from) if n in ROWS and ROWS[n].quality_from else None
+        if src and src.get("n"):
+            out[n] = {**src, **out[n], "n": src["n"], "summary": src["summary"], "quality_of": ROWS[n].quality_from,
+                      "label": f"{ROWS[n].label} (quality: {ROWS[n].quality_from}'s)",
+                      "per_step_computed": src.get("per_step_computed")}
+    return out
 
 
 def report(args) -> None:
@@ -202,6 +215,8 @@ def _gib(b) -> str:
 
 def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
     """One table per quality run: sixbit-mini quality beside every size's estimated speed and memory."""
+    from benchmarks.peers_rows import ROWS
+
     sizes = list(speed["models"]) if speed else []
     md = ["# sixbit vs peers", ""]
     for steps, q in sorted(qualities.items()):
@@ -232,7 +247,9 @@ def arena_markdown(qualities: dict[int, dict], speed: dict | None) -> str:
                   "(their sixbit options resolved for that count) replace the primary run's in the quality table "
                   "of the same step count: " + ", ".join(f"`{o['file']}` ({o['steps']} steps)" for o in others)
                   + "."] if others else []),
-               "GPU-only caching rows borrow the mini work pattern of the CPU row with the same cache: "
+               "GPU speed rows with a CPU row's numbers carry that row's mini quality and work pattern: "
+               + ", ".join(f"`{n}` ← `{r.quality_from}`" for n, r in ROWS.items() if r.quality_from)
+               + "; GPU-only caching rows borrow only the work pattern of the CPU row with the same cache: "
                + ", ".join(f"`{a}` ← `{b}`" for a, b in PATTERN_FROM.items()) + ".", ""]
     else:
         md += ["No GPU result yet: run `python -m benchmarks.peers speed` on the H200, then `report`.", ""]

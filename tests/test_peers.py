@@ -470,3 +470,60 @@ def test_report_adds_gpu_only_rows_a_quality_table_predates():
     names = list(rows)
     assert names[0] == "baseline" and names.index("stack_fbc_fp8_compile") < names.index("sixbit_full")
     assert rows["sixbit_full"] == {"name": "sixbit_full"}
+
+
+def test_gpu_speed_rows_carry_the_quality_of_the_cpu_row_with_their_numbers():
+    """torchao_fp8_compile / stack_fbc_fp8_compile (GPU speed rows) take the mini quality and work pattern of
+    torchao_fp8 / stack_fbc_fp8 when the table has them, marked as borrowed, and join the goal's peer front;
+    without their source they stay GPU-only rows with a reason."""
+    from benchmarks.peers_goal import _points, front
+    from benchmarks.peers_report import with_gpu_only_rows
+
+    stats = {m: {"mean": v, "std": 0.0, "n": 2} for m, v in
+             (("psnr", 40.0), ("ssim", 0.99), ("flow_error", 0.1), ("adherence", 90.0), ("computed_fraction", 0.5),
+              ("time_s", 1.0))}
+    src = {"name": "stack_fbc_fp8", "label": "FBC + fp8", "family": "stack_fbc_fp8", "n": 2, "summary": stats,
+           "per_step_computed": [1.0, 0.5, 0.5, 1.0]}
+    base = {"name": "baseline", "label": "baseline", "family": "baseline", "n": 0,
+            "summary": {**stats, "psnr": {"n": 0, "n_inf": 2}}, "per_step_computed": [1.0] * 4}
+    rows = with_gpu_only_rows({"baseline": base, "stack_fbc_fp8": src})
+    got = rows["stack_fbc_fp8_compile"]
+    assert got["quality_of"] == "stack_fbc_fp8" and got["gpu_only"] and got["family"] == "stack_fbc_fp8_compile"
+    assert got["summary"] == stats and got["per_step_computed"] == src["per_step_computed"] and got["n"] == 2
+    assert "stack_fbc_fp8's" in got["label"] and "quality_of" not in rows["torchao_fp8_compile"]
+    assert rows["torchao_fp8_compile"]["n"] == 0 and rows["torchao_fp8_compile"]["reason"]
+    payload = {"generation": {"num_inference_steps": 4}, "prompts": ["a", "b"], "seeds": [0], "counting": "c",
+               "magcache_calibration": None, "environment": {"command": "cmd"}, "rows": rows}
+    assert "| FirstBlockCache 0.1 + torchao fp8 dynamic + torch.compile of each block (quality: stack_fbc_fp8's) | 2 | " \
+           "40.00 ± 0.00" in quality_markdown(payload)
+
+    fam = {"t_full_s": 1.0, "saving_per_unit_s": 0.01, "units_full": 60}
+    speed = {"steps": 4, "models": {"2b": {"families": {"baseline": fam, "stack_fbc_fp8": fam,
+                                                        "stack_fbc_fp8_compile": {**fam, "t_full_s": 0.5}}}}}
+    est = speed_rows({"rows": rows}, speed)
+    assert est["stack_fbc_fp8_compile"]["speedup"] > est["stack_fbc_fp8"]["speedup"] > 1.0
+    fr = [n for _, _, n in front(_points({"prompts": ["a", "b"], "rows": rows}, est))]
+    assert fr == ["stack_fbc_fp8_compile", "baseline"]  # as good as stack_fbc_fp8 and faster
+
+
+def test_fp8_rows_lift_torchao_s_cuda_check_for_their_quantize_call_only():
+    """On the CPU torchao's fp8 config refuses to quantize; the fp8 rows lift that one check while they call
+    quantize_ (its Float8Tensor weights, e4m3 with per-row scales), and torchao refuses again afterwards."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+
+    from benchmarks.peers_rows import torchao_quant
+
+    def refuses():
+        with pytest.raises(AssertionError, match="compute capability"):
+            quantize_(torch.nn.Sequential(torch.nn.Linear(32, 16)),
+                      Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+
+    refuses()
+    pipe = tiny_cogvideox_pipeline(num_layers=LAYERS)
+    torchao_quant("fp8")(pipe, Ctx(STEPS, torch.device("cpu")))
+    linears = [m for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(isinstance(m.weight, Float8Tensor) for m in linears)
+    w = linears[0].weight
+    assert w.qdata.dtype == torch.float8_e4m3fn and w.scale.shape[0] == w.shape[0]  # one scale per output row
+    refuses()
