@@ -28,9 +28,10 @@ attention ``attn1``):
   ``Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())``: every nn.Linear of the transformer. On
   the CPU torchao's fp8 config refuses to run ("requires CUDA compute capability ≥8.9"), although its
   ``Float8Tensor`` runs there (``torch._scaled_mm`` has a CPU kernel): the CPU quality run lifts that one check
-  (``quant_api._check_hardware_support``) for the ``quantize_`` call and nothing else — the weights and the
-  activations are quantized by torchao's own code to the same e4m3 values with the same per-row scales as on the
-  H200; the products accumulate in fp32 on the CPU, with cuBLAS fast accumulation on the H200.
+  (``quant_api._check_hardware_support``) for the ``quantize_`` call, with the linears' weights in bf16 as on the
+  GPU (:func:`fp8_on_cpu`) — weights and activations are quantized by torchao's own code to e4m3 with per-row
+  scales, as on the H200; the products accumulate in fp32 on the CPU (cuBLAS fast accumulation on the H200), and the
+  rest of the model runs FP32, as in the int8 row.
 * SageAttention: CogVideoX's attention processor calls ``torch.nn.functional.scaled_dot_product_attention``
   directly (not diffusers' attention dispatcher), so the row uses SageAttention's documented plug-in, replacing
   that function by ``sageattn`` while the row is applied (GPU only: it is Triton/CUDA).
@@ -343,9 +344,9 @@ def torchao_quant(kind: str, modulation: bool = True):
 def fp8_on_cpu(model: torch.nn.Module):
     """torchao's fp8 quantization of an FP32 model on the CPU (module docstring), for the CPU quality run only:
     while active its fp8 configs skip their CUDA-capability check, and the linears' weights are bf16 — its
-    per-row fp8 needs a bf16 weight, which the GPU runs' bf16 models have (bf16 → e4m3 loses nothing that
-    fp32 → e4m3 keeps but double rounding) while the activations, biases and the rest of the model stay FP32, as
-    in the int8 row. A linear torchao leaves unquantized gets its FP32 weight back."""
+    per-row fp8 needs a bf16 weight, which the GPU runs' bf16 models have (fp32 → bf16 → e4m3 differs from
+    fp32 → e4m3 only by rare double rounding), while the activations, biases and the rest of the model stay FP32,
+    as in the int8 row. A linear torchao leaves unquantized gets its FP32 weight back."""
     from unittest import mock
 
     from torchao.quantization import quant_api
