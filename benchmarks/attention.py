@@ -54,6 +54,19 @@ _TILES = [("", (128, 128, 4, 3), True), (", 2 stages", (128, 128, 4, 2), True), 
           (", BN 64", (128, 64, 4, 3), True), (", BM 64", (64, 128, 4, 3), True)]
 SPEED_VARIANTS = [(f"exp2 1/{poly} poly{t}" if poly else f"exp2 MUFU{t}", cfg, tma, poly)
                   for poly in (0, 4, 2, 1) for t, cfg, tma in (_TILES if poly in (0, 4, 2) else _TILES[:1])]
+#: ``--variants tiles``: key blocks of 256 and the software-pipelined loop (docs/ATTENTION.md, session 21); rows as
+#: SPEED_VARIANTS plus a dict of further ``attention_fp8`` options. In the sm_90 SASS the default tile's 12 wgmma
+#: per key block each wait for the previous (255 registers); the 256-key tiles keep them in flight (244–247)
+TILE_VARIANTS = [("(128, 128) tile of sessions 9-20", (128, 128, 4, 3), True, 0, {}),
+                 ("BN 256, BM 64, 2 stages", (64, 256, 4, 2), True, 0, {}),
+                 ("BN 256, BM 64, 3 stages (default since session 21)", (64, 256, 4, 3), True, 0, {}),
+                 ("BN 256, BM 64, 3 stages, pointer loads", (64, 256, 4, 3), False, 0, {}),
+                 ("BN 256, BM 64, 3 stages, exp2 1/4 poly", (64, 256, 4, 3), True, 4, {}),
+                 ("BN 256, BM 64, 3 stages, exp2 1/2 poly", (64, 256, 4, 3), True, 2, {}),
+                 ("BN 256, BM 64, 3 stages, 16 K channels bf16", (64, 256, 4, 3), True, 0, {"hi_channels": 16}),
+                 ("BN 256, BM 128 on 8 warps, 3 stages", (128, 256, 8, 3), True, 0, {}),
+                 ("BM 64, pipelined loop", (64, 128, 4, 3), True, 0, {"pipelined": True})]
+VARIANT_SETS = {"exp2": SPEED_VARIANTS, "tiles": TILE_VARIANTS}
 
 
 def _ms(fn, *args, **kwargs):
@@ -110,26 +123,37 @@ def sweep(B, H, S, D, grid, log):
 
 
 def variants(name, B, H, S, D, grid, log, *, device="cuda", timer=_ms, baseline=None):
-    """Each speed variant of ``grid`` (:data:`SPEED_VARIANTS` rows) at one shape against ``baseline`` (default
-    cuDNN SDPA bf16), same inputs, same run: the kernel alone on pre-quantized K/V, the whole call (K/V pass +
-    attention), × baseline for both, and the relative L2 error of the whole call vs fp32 on ERR_ROWS rows.
-    A variant that fails (compile, shared memory) is recorded and the others still run."""
+    """Each speed variant of ``grid`` (:data:`SPEED_VARIANTS` / :data:`TILE_VARIANTS` rows) at one shape against
+    ``baseline`` (default cuDNN SDPA bf16), same inputs, same run: the kernel alone on pre-quantized K/V, the whole
+    call (K/V pass + attention), × baseline for both, and the relative L2 error of the whole call vs fp32 on ERR_ROWS
+    rows, on N(0, 1) inputs and with 5 K channels ×20. A row's options dict may hold ``hi_channels`` (a K/V-pass
+    option) besides ``attention_fp8``'s. A variant that fails (compile, shared memory) is recorded, the others run."""
     baseline = baseline or _sdpa(SDPBackend.CUDNN_ATTENTION)
     q, k, v = _inputs(B, H, S, D, False, device=device)
+    qo, ko, vo = _inputs(B, H, S, D, True, device=device)
     idx = torch.randperm(S, generator=torch.Generator().manual_seed(1))[:ERR_ROWS].sort().values.to(device)
-    ref = _fp32_rows(q, k, v, idx)
+    ref, ref_o = _fp32_rows(q, k, v, idx), _fp32_rows(qo, ko, vo, idx)
     base_ms = timer(baseline, q, k, v)
     res = {"shape": name, "B": B, "H": H, "S": S, "D": D, "baseline": "cuDNN SDPA bf16", "baseline_ms": base_ms,
            "baseline_tflops": _tflops(B, H, S, D, base_ms),
            "baseline_rel_l2": float(spec.relative_error(baseline(q, k, v)[:, :, idx], ref)), "rows": []}
-    for vname, cfg, tma, poly in grid:
-        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly}
+    for vname, cfg, tma, poly, *more in grid:
+        extra = dict(more[0]) if more else {}
+        hi = extra.pop("hi_channels", 0)
+        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly, "hi_channels": hi, **extra}
         try:
-            opts = dict(config=tuple(cfg), tma=tma, exp2_poly=poly)
-            kv = fa.quantize_kv(k, v, block_n=cfg[1])
+            opts = dict(config=tuple(cfg), tma=tma, exp2_poly=poly, **extra)
+            kv = fa.quantize_kv(k, v, block_n=cfg[1], hi_channels=hi)
             row["kernel_ms"] = timer(fa.attention_fp8, q, kv, **opts)
-            row["whole_ms"] = timer(fa.fp8_attention, q, k, v, **opts)
-            row["rel_l2"] = float(spec.relative_error(fa.fp8_attention(q, k, v, **opts)[:, :, idx], ref))
+            compiled = fa.LAST_LAUNCH.get("kernel")
+            for key in ("n_regs", "n_spills"):
+                if isinstance(getattr(compiled, key, None), int):
+                    row[key] = getattr(compiled, key)
+            row["whole_ms"] = timer(fa.fp8_attention, q, k, v, hi_channels=hi, **opts)
+            row["rel_l2"] = float(spec.relative_error(fa.fp8_attention(q, k, v, hi_channels=hi, **opts)[:, :, idx],
+                                                      ref))
+            row["rel_l2_outliers"] = float(spec.relative_error(
+                fa.fp8_attention(qo, ko, vo, hi_channels=hi, **opts)[:, :, idx], ref_o))
             row.update(kernel_tflops=_tflops(B, H, S, D, row["kernel_ms"]), kernel_x=base_ms / row["kernel_ms"],
                        whole_x=base_ms / row["whole_ms"])
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: recorded, not fatal
@@ -145,13 +169,16 @@ def variants_markdown(res):
              f"{res['baseline_rel_l2']:.2%}. *kernel*: the attention kernel on pre-quantized K/V; *whole*: K/V pass + "
              "attention (what the processor calls); × = baseline ms / variant ms.", "",
              "| variant | config (BM, BN, warps, stages) | tma | exp2_poly | kernel ms | kernel TFLOP/s | kernel × | "
-             "whole ms | whole × | rel. L2 |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "whole ms | whole × | rel. L2 | rel. L2 K outliers | registers (spills) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         if "error" in r:
-            cells = [f"failed: `{r['error'][:80]}`"] + ["—"] * 5
+            cells = [f"failed: `{r['error'][:80]}`"] + ["—"] * 7
         else:
             cells = [f"{r['kernel_ms']:.2f}", f"{r['kernel_tflops']:.0f}", f"{r['kernel_x']:.2f}", f"{r['whole_ms']:.2f}",
-                     f"**{r['whole_x']:.2f}**", f"{r['rel_l2']:.2%}"]
+                     f"**{r['whole_x']:.2f}**", f"{r['rel_l2']:.2%}",
+                     f"{r['rel_l2_outliers']:.2%}" if "rel_l2_outliers" in r else "—",
+                     f"{r['n_regs']} ({r.get('n_spills', 0)})" if "n_regs" in r else "—"]
         lines.append(f"| {r['variant']} | {tuple(r['config'])} | {r['tma']} | {r['exp2_poly']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -164,10 +191,12 @@ def measure_shape(name, B, H, S, D, best, log):
     rows_idx = torch.randperm(S, generator=g)[:ERR_ROWS].sort().values.cuda()
     methods = {"cuDNN SDPA bf16": _sdpa(SDPBackend.CUDNN_ATTENTION),
                "flash SDPA bf16": _sdpa(SDPBackend.FLASH_ATTENTION)}
+    vcfg = {vname: fa.default_config(D, int8_rotate=True) if qk == "int8" and rot else cfg
+            for vname, qk, rot, _ in VARIANTS}  # int8 + rotation keeps 128-key tiles (attention_fp8.INT8_ROTATE_CONFIGS)
     for vname, qk, rot, hi in VARIANTS:
         methods[f"8-bit {vname} (K/V pass + attention)"] = (
-            lambda q, k, v, qk=qk, rot=rot, hi=hi: fa.fp8_attention(q, k, v, qk=qk, rotate=rot, config=cfg,
-                                                                    hi_channels=hi, **opts))
+            lambda q, k, v, qk=qk, rot=rot, hi=hi, c=vcfg[vname]: fa.fp8_attention(q, k, v, qk=qk, rotate=rot, config=c,
+                                                                                   hi_channels=hi, **opts))
     errors = {m: {} for m in methods}
     for outl in (False, True):
         q, k, v = _inputs(B, H, S, D, outl)
@@ -192,11 +221,12 @@ def measure_shape(name, B, H, S, D, best, log):
         for part in ("attention kernel alone", "K/V pass alone"):
             row = {"method": f"8-bit {vname}: {part}"}
             try:
+                c = vcfg[vname]
                 if part.startswith("K/V"):
-                    row["ms"] = _ms(fa.quantize_kv, k, v, block_n=cfg[1], qk=qk, rotate=rot, hi_channels=hi)
+                    row["ms"] = _ms(fa.quantize_kv, k, v, block_n=c[1], qk=qk, rotate=rot, hi_channels=hi)
                 else:
-                    kv = fa.quantize_kv(k, v, block_n=cfg[1], qk=qk, rotate=rot, hi_channels=hi)
-                    row["ms"] = _ms(fa.attention_fp8, q, kv, config=cfg, **opts)
+                    kv = fa.quantize_kv(k, v, block_n=c[1], qk=qk, rotate=rot, hi_channels=hi)
+                    row["ms"] = _ms(fa.attention_fp8, q, kv, config=c, **opts)
                     row["tflops"] = _tflops(B, H, S, D, row["ms"])
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -250,8 +280,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     ap.add_argument("--sweep", action="store_true", help="tune tile configs and options first")
     ap.add_argument("--shapes", default="all", help="comma-separated shape indices (default all)")
-    ap.add_argument("--variants", action="store_true",
-                    help="only the kernel's speed variants (SPEED_VARIANTS) at the 2B shape against cuDNN")
+    ap.add_argument("--variants", nargs="?", const="exp2", choices=sorted(VARIANT_SETS),
+                    help="only the kernel's speed variants at the 2B shape against cuDNN: 'exp2' (SPEED_VARIANTS, "
+                         "the default) or 'tiles' (TILE_VARIANTS)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks.attention needs a CUDA GPU")
@@ -273,7 +304,7 @@ def main(argv=None):
     if args.variants:
         name, B, H, S, D = SHAPES[0]
         try:
-            report["variants"] = [variants(name, B, H, S, D, SPEED_VARIANTS, log)]
+            report["variants"] = [variants(name, B, H, S, D, VARIANT_SETS[args.variants], log)]
         except Exception:  # noqa: BLE001
             report["variants"] = [{"shape": name, "error": traceback.format_exc()[-500:]}]
         save()

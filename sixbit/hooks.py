@@ -581,8 +581,11 @@ class BlockHook(ModelHook):
         ref_order = order if cfg.tdc_probe_reference == "forecast" else 0
         ref = (st.reused(call.step, ref_order, magnitude=mag) if probe else st.delta) if compare else None
         deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
-        forecasted = compare and order > 0 and not probe and st.prev_delta is not None
-        if forecasted:  # block mode: the error of the forecast this refresh replaces, charged to the budget
+        # block mode's live decisions only: the error of the forecast this refresh replaces, charged to the budget
+        # (two more torch passes over the block's streams; step mode's probe decides, a replay reads its schedule)
+        forecasted = (compare and order > 0 and not probe and st.prev_delta is not None
+                      and cfg.tdc_mode == "block" and self.method.schedule is None)
+        if forecasted:
             fnum, fden = tdc.delta_change_sums(deltas, st.reused(call.step, order, magnitude=mag))
             sums = torch.cat([sums, torch.stack([fnum, fden]).to(sums)])
         st.skipped_last = False

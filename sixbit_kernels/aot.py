@@ -4,8 +4,8 @@
 ``TRITON_INTERPRET``; no GPU needed). For each target capability it drives the real wrappers —
 ``ops.linear`` on every route at the CogVideoX-2B/5B and Wan-1.3B linear shapes (large M: decode-once
 GEMMs; small M: modulation / text-encoder rows, per-tile decode), PDR's outlier count, the block
-bookkeeping, the q/k norm (+ rotary), the fused producers (norm → INT8, GELU → INT8) and the self-check's
-problems — with CPU tensors and that target's
+bookkeeping, the q/k norm (+ rotary), the fused producers (norm → INT8, GELU → INT8), the self-check's
+problems and, from sm_89, the 8-bit attention (K/V pass and attention at head dims 64 and 128) — with CPU tensors and that target's
 dispatch (``targets.target_for``), records each ``kernel[grid](...)`` instead of launching it, and
 compiles every distinct launch (signature, constexprs, alignment attributes, num_warps/num_stages) with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. On capability 9.0 both variants
@@ -80,6 +80,13 @@ def drive(sk, target) -> None:
             sk.norm_quant.norm_modulate(parts, wd, wd, 1e-5, HB, dense=dense)
         sk.norm_quant.norm_modulate(parts, wd, wd, 1e-5, HB, codes=False, norm=True)
     sk.gelu_quant.gelu_int8(torch.empty(M_LARGE, 7680, dtype=torch.bfloat16), HB)  # GELU → INT8 (2B ff-out)
+    if target.capability >= (8, 9):  # 8-bit attention (e4m3 MMAs): CogVideoX's head dim 64 and Wan's 128
+        fa = sk.attention_fp8
+        for d, h, s in ((64, 30, 17776), (128, 12, 32760)):
+            q = torch.empty(2, h, s, d, dtype=torch.bfloat16)
+            kv = fa.quantize_kv(q, q)
+            fa.attention_fp8(q, kv, config=fa.default_config(d, target.smem),
+                             tma=fa.TMA[d] and target.variant == "hopper")
 
 
 def record(sk, target) -> list[tuple]:
@@ -92,7 +99,8 @@ def record(sk, target) -> list[tuple]:
     def fake_run(self, *args, grid, warmup, **kwargs):
         seen.setdefault((self.fn.__qualname__, repr(_spec_key(args, kwargs))), (self, args, kwargs))
 
-    mods = [sk.gemm_w8a8, sk.gemm_w4, sk.hadamard_quant, sk.block_stats, sk.layernorm, sk.norm_quant, sk.gelu_quant]
+    mods = [sk.gemm_w8a8, sk.gemm_w4, sk.hadamard_quant, sk.block_stats, sk.layernorm, sk.norm_quant, sk.gelu_quant,
+            sk.attention_fp8]
     saved = [m.check_launchable for m in mods]
     JITFunction.run = fake_run
     for m in mods:

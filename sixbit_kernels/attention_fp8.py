@@ -60,12 +60,16 @@ Non-finite input (tested): a NaN/Inf in a Q row makes that output row NaN; a NaN
 of a (batch, head) makes that head's whole output NaN (the statistics flag the head and its V scales
 become NaN). Never finite garbage.
 
-Measured on the H200 (``benchmarks/results/attention_h200.md``, docs/ATTENTION.md): at the CogVideoX
-2B / 5B shapes the whole call is 1.22× / 1.24× cuDNN bf16 SDPA (kernel alone 537–539 TFLOP/s, 1.29×), at
-Wan's head dim 128 1.04×. Relative L2 vs fp32 on random inputs: e4m3 QKᵀ 5.3 %, 16 % with 5 K channels
-×20; int8 + rotation 3.8 % / 4.0 % (but 0.96× cuDNN: Triton 3.6 issues int8 wgmma synchronously); cuDNN
-0.2 %. The floor is the e4m3 PV: an e4m3 element carries up to ±6 % relative rounding error, which a
-weighted mean of zero-mean random V does not average away (2.7 % from V alone, CPU emulation).
+Measured on the H200 (``benchmarks/results/attention_h200_s21.md``, docs/ATTENTION.md "Session 21"): at the
+CogVideoX 2B / 5B shapes, with 256-key tiles of 64 query rows, the kernel is 1.38× / 1.36× cuDNN bf16 SDPA
+(571–572 TFLOP/s) and the whole call with the K/V pass 1.33× / 1.32×; at Wan's head dim 128 1.05×. In the sm_90
+SASS the 128 × 128 tile of before ran at 255 registers with every wgmma waited for right after it; the 256-key
+tiles keep each key block's wgmma group in flight. ``pipelined`` (the next block's QKᵀ issued before this block's
+softmax) computes the same in another order; Triton still waits for that MMA at once (measured slower, off).
+Relative L2 vs fp32 on random inputs: e4m3 QKᵀ 5.3 %, 16–17 % with 5 K channels ×20; int8 + rotation 3.8 % /
+4.0 % (but 1.04× cuDNN: Triton 3.6 issues int8 wgmma synchronously); cuDNN 0.2 %. The floor is the e4m3 PV:
+an e4m3 element carries up to ±6 % relative rounding error, which a weighted mean of zero-mean random V does not
+average away (2.7 % from V alone, CPU emulation).
 """
 
 from __future__ import annotations
@@ -82,11 +86,24 @@ from sixbit import formats as spec
 from ._common import absbits, cast_out, cdiv, check_launchable, hadamard_blockdiag, rne_int
 
 LOG2E = 1.4426950408889634
-assert spec.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _attn_block
+assert spec.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _softmax_pv
 
-#: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages), the fastest of
-#: ``benchmarks/attention.py --sweep`` on the H200 (benchmarks/results/attention_h200*.md); 32 is untuned
-CONFIGS = {32: (64, 64, 4, 2), 64: (128, 128, 4, 3), 128: (128, 128, 8, 2)}
+#: tile configuration per head dim: (BLOCK_M, BLOCK_N, num_warps, num_stages), the fastest measured on the H200
+#: (``benchmarks/attention.py --sweep`` / ``--variants tiles``, benchmarks/results/attention_*h200*.md); 32 is
+#: untuned. D = 64: 256-key tiles of 64 query rows (session 21: the kernel 1.38× / 1.36× cuDNN at 2B / 5B, the whole
+#: call 1.33× / 1.32×; the (128, 128, 4, 3) tile before it 1.27× / 1.22× at 2B in the same variants run) — K scales
+#: per 256 keys, ``quantize_kv``'s default
+CONFIGS = {32: (64, 64, 4, 2), 64: (64, 256, 4, 3), 128: (128, 128, 8, 2)}
+#: the same key block on devices whose opt-in shared memory per block is below :data:`SMEM_NEEDED` (sm_80/86/89/120:
+#: 99–163 KB; the 3-stage 256-key tile needs ~100 KB): 2 stages (~70 KB); not measured there
+SMALL_SMEM_CONFIGS = {64: (64, 256, 4, 2)}
+SMEM_NEEDED = 110 * 1024
+#: ``qk="int8", rotate=True`` keeps the 128-key tile of sessions 9–20: with 256-key tiles that kernel (int8 QKᵀ
+#: after the in-kernel rotation of Q) hits an illegal memory access under Triton 3.6 on the H200 (session 21; every
+#: 256-key config, TMA or pointer loads, 300 keys already; the same tiles run int8 without rotation and fp8 with it)
+INT8_ROTATE_CONFIGS = {64: (128, 128, 4, 3)}
+#: largest key block the int8 + rotation kernel is launched with on a GPU (:data:`INT8_ROTATE_CONFIGS`)
+INT8_ROTATE_MAX_BLOCK_N = 128
 #: TMA descriptor loads for K/V per head dim (module docstring), from the same sweep: at D = 64 TMA and
 #: pointer loads are within 3 % of each other (533 vs 520 TFLOP/s), at D = 128 pointer loads win (616 vs 530)
 TMA = {32: False, 64: True, 128: False}
@@ -96,6 +113,10 @@ EXP2_POLY = (0, 1, 2, 4)
 POLY = {32: 0, 64: 0, 128: 0}
 #: max relative error of the polynomial 2**x in fp32 (measured on a dense grid: tests/test_kernels_attention.py)
 EXP2_POLY_MAX_REL_ERR = 7.5e-5
+#: software-pipelined key loop per head dim (module docstring, "pipelined"): measured slower on the H200, off
+PIPELINED = {32: False, 64: False, 128: False}
+#: the compiled attention kernel of the last launch (registers, spills, shared memory for the benchmark)
+LAST_LAUNCH: dict = {}
 #: ``hi_channels`` the kernel takes besides 0 (one bf16 MMA of reduction 16; docs/ATTENTION.md; H200: 2.3× slower)
 HI_CHANNELS = 16
 
@@ -315,7 +336,7 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
     _check_qkv(k, k, v, qk)
     B, H, S, D = k.shape
     _check_hi(hi_channels, D, rotate)
-    block_n = block_n or CONFIGS[D][1]
+    block_n = block_n or default_config(D, int8_rotate=qk == "int8" and rotate)[1]
     interp = check_launchable(k, v)
     mean, vamax = spec.attention_kv_stats(k, v, smooth=smooth)
     hidx = khi = None
@@ -355,18 +376,27 @@ def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start, n_kv, S_pad,
-                q_hi, khi_base, khi_desc,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                TMA: tl.constexpr, POLY: tl.constexpr, NH: tl.constexpr, INTERP: tl.constexpr):
+def _qk(q8, k8_base, k_desc, bh, start, S_pad, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        TMA: tl.constexpr, INTERP: tl.constexpr):
+    """The 8-bit scores ``Q8·K8ᵀ`` of the key block at ``start`` (fp32, unscaled)."""
     start = tl.multiple_of(start, BLOCK_N)
-    n = start + tl.arange(0, BLOCK_N)
-    d = tl.arange(0, D)
     if TMA:
         kt = k_desc.load([bh * S_pad + start, 0]).T
     else:
+        n = start + tl.arange(0, BLOCK_N)
+        d = tl.arange(0, D)
         kt = tl.trans(tl.load(k8_base + n[:, None] * D + d[None, :]))  # [D, BLOCK_N], read as [BLOCK_N, D] rows
-    s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+    return _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi, khi_base, khi_desc,
+                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                TMA: tl.constexpr, POLY: tl.constexpr, NH: tl.constexpr, INTERP: tl.constexpr):
+    """One key block's online-softmax update from its scores ``s``: row max, ``p = exp2(t)``, row sum, PV."""
+    start = tl.multiple_of(start, BLOCK_N)
+    n = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
     if MASK:  # −inf stays −inf through the hi channels' FMA below
         s = tl.where((n < n_kv)[None, :], s, float("-inf"))
     cks = c * tl.load(ks_base + start // BLOCK_N)
@@ -399,7 +429,7 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
-                     NH: tl.constexpr, INTERP: tl.constexpr):
+                     NH: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -437,14 +467,29 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     full = (n_kv // BLOCK_N) * BLOCK_N
-    for start in range(0, full, BLOCK_N):
-        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, start,
-                                    n_kv, S_pad, q_hi, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH,
-                                    INTERP)
-    if full < n_kv:
-        acc, l_i, m_i = _attn_block(acc, l_i, m_i, q8, c, k8_base, v8_base, ks_base, k_desc, v_desc, bh, full,
-                                    n_kv, S_pad, q_hi, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY, NH,
-                                    INTERP)
+    if PIPE:  # the next block's QKᵀ is issued before this block's softmax (module docstring, "pipelined")
+        last = tl.cdiv(n_kv, BLOCK_N) * BLOCK_N - BLOCK_N  # every block before it is full
+        s = _qk(q8, k8_base, k_desc, bh, pid_m * 0, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+        for start in range(0, last, BLOCK_N):
+            s_next = _qk(q8, k8_base, k_desc, bh, start + BLOCK_N, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi,
+                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
+            s = s_next
+        if full < n_kv:
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, last, n_kv, S_pad, q_hi,
+                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY, NH, INTERP)
+        else:
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, last, n_kv, S_pad, q_hi,
+                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
+    else:
+        for start in range(0, full, BLOCK_N):
+            s = _qk(q8, k8_base, k_desc, bh, start, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi,
+                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
+        if full < n_kv:
+            s = _qk(q8, k8_base, k_desc, bh, full, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, full, n_kv, S_pad, q_hi,
+                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY, NH, INTERP)
     vs = tl.load(vs_ptr + bh * D + d)
     out = acc / l_i[:, None] * vs[None, :]
     if POLY != 0:  # the polynomial does not carry a non-finite Q row's NaN
@@ -453,25 +498,49 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     tl.store(o_ptr + b * sob + h * soh + rows64[:, None] * sos + d[None, :] * sod, o, mask=rmask)
 
 
+def default_config(D: int, smem: int | None = None, *, int8_rotate: bool = False) -> tuple[int, int, int, int]:
+    """The tile config for head dim ``D`` on a device with ``smem`` bytes of opt-in shared memory per block (None:
+    the H200's, :data:`CONFIGS`): the :data:`SMALL_SMEM_CONFIGS` one below :data:`SMEM_NEEDED` (the same key block,
+    so K/V quantized with the default block suit either); ``int8_rotate`` (``qk="int8", rotate=True``): the
+    :data:`INT8_ROTATE_CONFIGS` one."""
+    if int8_rotate and D in INT8_ROTATE_CONFIGS:
+        return INT8_ROTATE_CONFIGS[D]
+    if smem is not None and smem < SMEM_NEEDED and D in SMALL_SMEM_CONFIGS:
+        return SMALL_SMEM_CONFIGS[D]
+    return CONFIGS[D]
+
+
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int | None = None) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None, pipelined: bool | None = None,
+                  maxnreg: int | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
     place). ``kv_len``: int32/int64 ``[B]`` keys per batch (key padding). ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
     tensor descriptors instead of pointer loads (default :data:`TMA`); ``exp2_poly``: 1 in this many exp2 by
-    the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off; default :data:`POLY`)."""
+    the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off; default :data:`POLY`); ``pipelined``:
+    the software-pipelined key loop (default :data:`PIPELINED`); ``maxnreg``: a register cap per thread for the
+    launch (speed experiments; ignored by the interpreter)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
                          f"(batch {kv.batch}, heads {kv.heads}, head dim {kv.k.shape[-1]})")
     interp = check_launchable(q, kv.k)
-    bm, bn, warps, stages = config or CONFIGS[D]
+    if config is None:
+        smem = None if interp else torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
+        config = default_config(D, smem, int8_rotate=kv.qk == "int8" and kv.rotate)
+    bm, bn, warps, stages = config
+    if kv.qk == "int8" and kv.rotate and bn > INT8_ROTATE_MAX_BLOCK_N and not interp:
+        raise ValueError(f"attention_fp8: qk='int8' with rotate=True runs key blocks of at most "
+                         f"{INT8_ROTATE_MAX_BLOCK_N} on a GPU (BLOCK_N {bn} hits an illegal memory access under "
+                         f"Triton 3.6 on the H200); quantize K/V with block_n={INT8_ROTATE_MAX_BLOCK_N}")
     if bn != kv.block_n:
         raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
     exp2_poly = POLY.get(D, 0) if exp2_poly is None else exp2_poly
+    pipelined = PIPELINED.get(D, False) if pipelined is None else bool(pipelined)
+    launch = {} if maxnreg is None or interp else {"maxnreg": int(maxnreg)}
     if exp2_poly not in EXP2_POLY:
         raise ValueError(f"attention_fp8: exp2_poly must be one of {EXP2_POLY}, got {exp2_poly!r}")
     if tma is None:  # TMA descriptors need sm_90+ (the kernel itself runs from sm_89)
@@ -497,13 +566,13 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         if nh:
             khi_desc = TensorDescriptor.from_tensor(kv.k_hi.view(-1, nh), [bn, nh])
         v_desc = TensorDescriptor.from_tensor(kv.v.view(-1, S_pad), [D, bn])
-    _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
+    LAST_LAUNCH["kernel"] = _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
         q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
         kv.hi_idx if nh else kv.k_scale, kv.k_hi if nh else kv.k_scale, khi_desc,
         S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, POLY=exp2_poly, NH=nh, INTERP=interp,
-        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+        TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, INTERP=interp,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=False, **launch,
     )
     return out
 
@@ -511,14 +580,15 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0,
+                  pipelined: bool | None = None, maxnreg: int | None = None) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
     _check_qkv(q, k, v, qk)
-    block_n = (config or CONFIGS[q.shape[-1]])[1]
+    block_n = config[1] if config else None
     kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
     return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
-                         exp2_poly=exp2_poly)
+                         exp2_poly=exp2_poly, pipelined=pipelined, maxnreg=maxnreg)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

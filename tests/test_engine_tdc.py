@@ -348,6 +348,34 @@ def test_the_probe_is_compared_with_its_forecast_or_its_last_delta(reference):
         cfg.replace(tdc_probe_reference="next")
 
 
+def test_step_mode_does_not_forecast_for_the_blocks_the_probe_decides_for(monkeypatch):
+    """Step mode with second-order reuse, every step computed: only the probe's statistic is against the forecast;
+    the other blocks' change rate is against their last delta (fused in the block pass), and no forecast is
+    computed for them — session 21's profile: that forecast and its error cost every computed 2B step ~24 ms of
+    torch passes, for a statistic only block mode decides with. Block mode still charges it."""
+    pipe = tiny_cogvideox_pipeline(seed=0)
+    cfg = SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}, tdc_reuse="quadratic")
+    handle = sixbit.apply(pipe, cfg)
+    calls = _capture(pipe.transformer.transformer_blocks[1])
+    made = []
+    real = tdc.forecast
+    monkeypatch.setattr(tdc, "forecast", lambda *a, **k: made.append(1) or real(*a, **k))
+    generate(pipe, num_inference_steps=5)
+    d = handle.trace.to_dict()
+    deltas = [[o - i for o, i in zip(c["out"], c["in"])] for c in calls]
+    for t in range(1, 5):
+        drift = sum((a - b).abs().sum() for a, b in zip(deltas[t], deltas[t - 1]))
+        drift = drift / sum(b.abs().sum() for b in deltas[t - 1])
+        assert d["steps"][t]["blocks"][1]["delta_sim"] == pytest.approx(float(drift), rel=1e-4)
+    assert made == []  # the probe compares with its last delta (the default tdc_probe_reference), the rest too
+    made.clear()
+    handle.remove()
+    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_reuse="linear", tdc_mode="block",
+                                                    tdc_threshold=0.0, tdc_first=0, tdc_last=0))
+    generate(pipe, num_inference_steps=4)
+    assert made  # block mode: the forecast error of every cached block is charged
+
+
 def test_step_mode_threshold_refreshes_the_whole_step_and_moves_the_reference():
     pipe = tiny_cogvideox_pipeline(seed=0)
     handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}))

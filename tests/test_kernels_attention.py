@@ -94,6 +94,45 @@ def test_tma_loads_match_pointer_loads():
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("S_kv,kv_len", [(48, None), (45, None), (16, None), (7, None), (40, [40, 17, 1])])
+def test_pipelined_loop_computes_what_the_plain_loop_does(S_kv, kv_len):
+    """``pipelined=True`` (the next key block's QKᵀ issued before this block's softmax) does the same arithmetic in
+    another order of issue: bit for bit the plain loop's output — full blocks only, a partial last block, a single
+    block, fewer keys than a block, per-batch key lengths — and NaN from a non-finite Q row."""
+    q, k, v = _qkv(B=1 if kv_len is None else 3, S=21, S_kv=S_kv, D=32, seed=S_kv)
+    q[0, 1, 3, 5] = float("nan")
+    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=CFG[1])
+    lens = None if kv_len is None else torch.tensor(kv_len, device=DEV)
+    a = fa.attention_fp8(q.to(DEV), kv, config=CFG, kv_len=lens, pipelined=False)
+    b = fa.attention_fp8(q.to(DEV), kv, config=CFG, kv_len=lens, pipelined=True)
+    assert torch.equal(torch.isnan(a), torch.isnan(b)) and bool(torch.isnan(b[0, 1, 3]).all())
+    assert torch.equal(a.nan_to_num(), b.nan_to_num())
+    ref = spec.attention_fp8_reference(q, k, v, block_n=CFG[1], kv_len=None if lens is None else lens.cpu())
+    _close(b.float().cpu(), ref)
+
+
+def test_key_blocks_of_256_match_the_spec():
+    """The 256-key tiles of ``benchmarks.attention --variants tiles``: K scales per 256 keys, spec and kernel alike."""
+    q, k, v = _qkv(S=19, S_kv=300, D=32, seed=9)
+    cfg = (32, 256, 4, 2) if DEV == "cpu" else (64, 256, 4, 2)
+    out, ref = _run(q, k, v, config=cfg)
+    _close(out, ref)
+
+
+def test_default_config_keeps_the_key_block_where_shared_memory_is_smaller():
+    """The H200's 3-stage 256-key tile needs ~100 KB of shared memory; devices with 99 KB (sm_86/89/120) get the
+    2-stage tile of the same key block, so one quantized K/V serves both (compiled per target in test_kernels_compile)."""
+    assert fa.default_config(64) == fa.default_config(64, 227 * 1024) == fa.CONFIGS[64] == (64, 256, 4, 3)
+    assert fa.default_config(64, 99 * 1024) == fa.SMALL_SMEM_CONFIGS[64]
+    assert fa.SMALL_SMEM_CONFIGS[64][1] == fa.CONFIGS[64][1]
+    assert fa.default_config(128, 99 * 1024) == fa.CONFIGS[128]
+    # int8 QKᵀ with the rotation keeps 128-key tiles (256 crash Triton 3.6 on the H200): its K/V default follows
+    assert fa.default_config(64, int8_rotate=True) == fa.INT8_ROTATE_CONFIGS[64] == (128, 128, 4, 3)
+    q, k, v = _qkv(S=20, D=64)
+    assert fa.quantize_kv(k.to(DEV), v.to(DEV), qk="int8", rotate=True).block_n == 128
+    assert fa.quantize_kv(k.to(DEV), v.to(DEV), qk="int8").block_n == fa.quantize_kv(k.to(DEV), v.to(DEV)).block_n == 256
+
+
 def test_rotation_and_no_smoothing():
     q, k, v = _qkv(S=29, D=32, seed=3)
     for kw in (dict(qk="int8", rotate=True), dict(qk="fp8", smooth=False)):
@@ -279,9 +318,9 @@ def test_rejections():
     assert not fa.supported(q[..., :16], k[..., :16], v[..., :16])
     with pytest.raises(ValueError, match="unsupported"):
         fa.fp8_attention(q[..., :16].to(DEV), k[..., :16].to(DEV), v[..., :16].to(DEV))
-    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=16)
+    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=CFG[1])
     with pytest.raises(ValueError, match="BLOCK_N"):
-        fa.attention_fp8(q.to(DEV), kv, config=(32, 32, 4, 2))
+        fa.attention_fp8(q.to(DEV), kv, config=(64, 2 * CFG[1], 4, 2))
     with pytest.raises(ValueError, match="does not match"):
         fa.attention_fp8(q[:, :1].to(DEV), kv, config=CFG)
     with pytest.raises(ValueError, match="exp2_poly"):
@@ -302,14 +341,18 @@ def test_variants_benchmark_times_each_variant_against_the_baseline():
         fn(*a, **kw)
         return 2.0 if fn is F.scaled_dot_product_attention else 1.0
 
-    grid = [("mufu", CFG, False, 0), ("half poly", CFG, True, 2), ("bad", CFG, False, 3)]
+    grid = [("mufu", CFG, False, 0), ("half poly", CFG, True, 2), ("hi", CFG, False, 0, {"hi_channels": 16}),
+            ("bad", CFG, False, 3)]
     res = bench.variants("tiny", 1, 2, 40, 32, grid, lambda m: None, device=DEV, timer=timer,
                          baseline=F.scaled_dot_product_attention)
-    ok, bad = res["rows"][:2], res["rows"][2]
-    assert calls == [None, 0, 0, 2, 2, 3] and "exp2_poly" in bad["error"]
+    ok, bad = res["rows"][:3], res["rows"][3]
+    assert calls == [None, 0, 0, 2, 2, 0, 0, 3] and "exp2_poly" in bad["error"]
     for r in ok:
-        assert r["kernel_x"] == r["whole_x"] == 2.0 and 0 < r["rel_l2"] < 0.08
+        assert r["kernel_x"] == r["whole_x"] == 2.0 and 0 < r["rel_l2"] < 0.08 and 0 < r["rel_l2_outliers"] < 0.3
+    assert ok[2]["hi_channels"] == 16 and ok[2]["rel_l2_outliers"] < ok[0]["rel_l2_outliers"]
     assert res["baseline_rel_l2"] < 1e-2
     md = bench.variants_markdown(res)
-    assert "| half poly | (32, 16, 4, 2) | True | 2 | 1.00 |" in md and "failed: `ValueError" in md
-    assert [v[3] for v in bench.SPEED_VARIANTS if v[1:3] == (fa.CONFIGS[64], True)] == [0, 4, 2, 1]
+    assert f"| half poly | {CFG} | True | 2 | 1.00 |" in md and "failed: `ValueError" in md
+    assert "rel. L2 K outliers" in md
+    assert [v[3] for v in bench.SPEED_VARIANTS if v[1:3] == ((128, 128, 4, 3), True)] == [0, 4, 2, 1]
+    assert fa.CONFIGS[64] in [v[1] for v in bench.TILE_VARIANTS]
