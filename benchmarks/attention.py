@@ -20,6 +20,10 @@ relative L2 error vs fp32 of each — in about two minutes on an H200::
 
     python -m benchmarks.attention --variants --out benchmarks/results/attention_variants_h200
 
+``--variants tiles`` times :data:`TILE_VARIANTS` instead (256-key tiles, the pipelined loop, the 16 bf16 K channels
+at the new tile; session 21: ``attention_variants_h200_s21``), with the compiled kernel's registers and spills and the
+relative L2 with K outlier channels too.
+
 Writes ``<out>.json`` and ``<out>.md`` (device, versions, command); a section that fails is recorded.
 """
 

@@ -300,3 +300,21 @@ def test_reference_linear_keeps_dtype(dtype):
     for route in ROUTES:
         y = fmt.reference_linear(x, w, None, route, 16)
         assert y.dtype == dtype and y.shape == (3, 7, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_attention_kv_stats_v_amax_is_max_abs_exactly_without_a_copy(dtype):
+    """The K/V statistics' V amax (an ∞-norm reduction since session 21, no |V| copy) is max |v| bit for bit on a
+    strided [B, H, S, D] view — ±0, ±inf — and a head with a NaN (or an inf) anywhere gets NaN for every channel."""
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(2, 40, 3, 8, generator=g).to(dtype).transpose(1, 2)  # the processor's [B, S, H, D] layout
+    k = torch.randn(2, 40, 3, 8, generator=g).to(dtype).transpose(1, 2)
+    v[1, 1, :, 3] = -0.0
+    v[0, 2, 7, 5] = -100.0
+    _, amax = fmt.attention_kv_stats(k, v)
+    assert torch.equal(amax, v.abs().amax(dim=2).float()) and amax[0, 2, 5] == 100.0 and amax[1, 1, 3] == 0.0
+    v[0, 0, 3, 2] = float("nan")
+    v[1, 2, 5, 1] = -float("inf")
+    _, amax = fmt.attention_kv_stats(k, v)
+    assert bool(amax[0, 0].isnan().all()) and bool(amax[1, 2].isnan().all())
+    assert torch.equal(amax[0, 1], v[0, 1].abs().amax(dim=0).float())
