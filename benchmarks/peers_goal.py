@@ -76,7 +76,11 @@ def goal(q: dict, est: dict) -> dict:
     if not rows:
         return {}
     best = max(rows, key=lambda n: rows[n]["speed_ratio"])
-    mem = min(rows, key=lambda n: rows[n]["weight_bytes"] or math.inf)
+    # the memory row: the smallest weights; among rows that small, the one fastest against the peers' weights
+    smallest = min(rows[n]["weight_bytes"] or math.inf for n in rows)
+    mem = max((n for n in rows if (rows[n]["weight_bytes"] or math.inf) <= smallest * 1.001),
+              key=lambda n: (rows[n]["memory_ratio"] if rows[n]["memory_ratio"] == rows[n]["memory_ratio"] else -1,
+                             rows[n]["speedup"]))
     return {"front": fr, "rows": rows, "best": best, "memory": mem,
             "speed_met": rows[best]["speed_ratio"] >= SPEED_TARGET,
             "memory_met": rows[mem]["memory_ratio"] >= MEMORY_TARGET}

@@ -67,7 +67,8 @@ PROTOCOL = ("a unit = one block's attention for one CFG row (the counter of the 
 DEFAULT_FAMILIES = ("baseline", "fbc", "taylorseer", "magcache", "fastercache", "pab", "dbcache", "dbcache_ts",
                     "torchao_int8", "torchao_fp8", "sage", "stack_fbc_int8", "stack_dbcache_int8", "stack_fbc_fp8",
                     "stack_fbc_fp8_sage", "sixbit_tdc_only", "sixbit_full", "sixbit_full_w8a8", "sixbit_w8a8_tdc",
-                    "sixbit_aggressive", "sixbit_full_mod4", "torchao_fp8_compile", "torchao_int8_compile",
+                    "sixbit_aggressive", "sixbit_full_mod4", "sixbit_aggressive_mod4", "torchao_fp8_compile",
+                    "torchao_int8_compile",
                     "stack_fbc_fp8_compile",
                     "sixbit_tdc_attn", "sixbit_fast", "sixbit_tdc_q2", "sixbit_tdc_auto")
 

@@ -262,6 +262,12 @@ def test_goal_front_and_interpolation():
     g = goal(q, est)["rows"]["sixbit_x"]
     assert g["speed_ratio"] == pytest.approx(2.1 / 1.75) and g["peer_weight_row"] == "c"  # only c is ≥ 2.1×
     assert g["memory_ratio"] == 5.0
+    # the memory row: the smallest weights; two rows that small -> the one with the better ratio (the faster one)
+    q["rows"] |= {"sixbit_small_slow": row(45.0), "sixbit_small_fast": row(40.0)}
+    est |= {"sixbit_small_slow": {"speedup": 1.1, "weight_bytes": 1}, "sixbit_small_fast": {"speedup": 2.5, "weight_bytes": 1}}
+    g = goal(q, est)
+    assert g["rows"]["sixbit_small_slow"]["memory_ratio"] == 5.0  # "slow" (1.2×, 5 bytes) is as fast as it
+    assert g["memory"] == "sixbit_small_fast" and g["rows"]["sixbit_small_fast"]["memory_ratio"] == 10.0  # only c
 
 
 def test_speed_runs_merge_newest_entry_against_its_own_baseline():
