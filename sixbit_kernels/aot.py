@@ -5,7 +5,8 @@
 ``ops.linear`` on every route at the CogVideoX-2B/5B and Wan-1.3B linear shapes (large M: decode-once
 GEMMs; small M: modulation / text-encoder rows, per-tile decode), PDR's outlier count, the block
 bookkeeping, the q/k norm (+ rotary), the fused producers (norm → INT8, GELU → INT8), the self-check's
-problems and, from sm_89, the 8-bit attention (K/V pass and attention at head dims 64 and 128) — with CPU tensors and that target's
+problems and, from sm_89, the 8-bit attention (K/V pass and attention at head dims 64 and 128, the tile
+``attention_fp8.default_config`` picks for the target's shared memory) — with CPU tensors and that target's
 dispatch (``targets.target_for``), records each ``kernel[grid](...)`` instead of launching it, and
 compiles every distinct launch (signature, constexprs, alignment attributes, num_warps/num_stages) with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. On capability 9.0 both variants
