@@ -79,7 +79,7 @@ def goal(q: dict, est: dict) -> dict:
     # the memory row: the smallest weights; among rows that small, the one fastest against the peers' weights
     smallest = min(rows[n]["weight_bytes"] or math.inf for n in rows)
     mem = max((n for n in rows if (rows[n]["weight_bytes"] or math.inf) <= smallest * 1.001),
-              key=lambda n: (rows[n]["memory_ratio"] if rows[n]["memory_ratio"] == rows[n]["memory_ratio"] else -1,
+              key=lambda n: (-1.0 if math.isnan(rows[n]["memory_ratio"]) else rows[n]["memory_ratio"],
                              rows[n]["speedup"]))
     return {"front": fr, "rows": rows, "best": best, "memory": mem,
             "speed_met": rows[best]["speed_ratio"] >= SPEED_TARGET,

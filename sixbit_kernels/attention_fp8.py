@@ -84,6 +84,7 @@ import triton.language as tl
 from sixbit import formats as spec
 
 from ._common import absbits, cast_out, cdiv, check_launchable, hadamard_blockdiag, rne_int
+from .targets import device_target
 
 LOG2E = 1.4426950408889634
 assert spec.ATTN_P_LOG2 == 8  # P is stored as e4m3(p · 2**8): the literal 8.0 in _softmax_pv
@@ -512,8 +513,7 @@ def default_config(D: int, smem: int | None = None, *, int8_rotate: bool = False
 
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int | None = None, pipelined: bool | None = None,
-                  maxnreg: int | None = None) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None, pipelined: bool | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
@@ -521,15 +521,14 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
     tensor descriptors instead of pointer loads (default :data:`TMA`); ``exp2_poly``: 1 in this many exp2 by
     the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off; default :data:`POLY`); ``pipelined``:
-    the software-pipelined key loop (default :data:`PIPELINED`); ``maxnreg``: a register cap per thread for the
-    launch (speed experiments; ignored by the interpreter)."""
+    the software-pipelined key loop (default :data:`PIPELINED`)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
                          f"(batch {kv.batch}, heads {kv.heads}, head dim {kv.k.shape[-1]})")
     interp = check_launchable(q, kv.k)
     if config is None:
-        smem = None if interp else torch.cuda.get_device_properties(q.device).shared_memory_per_block_optin
+        smem = None if interp else device_target(q.device).smem  # cached per device
         config = default_config(D, smem, int8_rotate=kv.qk == "int8" and kv.rotate)
     bm, bn, warps, stages = config
     if kv.qk == "int8" and kv.rotate and bn > INT8_ROTATE_MAX_BLOCK_N and not interp:
@@ -540,7 +539,6 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         raise ValueError(f"attention_fp8: config BLOCK_N {bn} != the K/V block {kv.block_n}")
     exp2_poly = POLY.get(D, 0) if exp2_poly is None else exp2_poly
     pipelined = PIPELINED.get(D, False) if pipelined is None else bool(pipelined)
-    launch = {} if maxnreg is None or interp else {"maxnreg": int(maxnreg)}
     if exp2_poly not in EXP2_POLY:
         raise ValueError(f"attention_fp8: exp2_poly must be one of {EXP2_POLY}, got {exp2_poly!r}")
     if tma is None:  # TMA descriptors need sm_90+ (the kernel itself runs from sm_89)
@@ -572,7 +570,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
         TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, INTERP=interp,
-        num_warps=warps, num_stages=stages, enable_fp_fusion=False, **launch,
+        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out
 
@@ -581,14 +579,14 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str 
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
                   tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0,
-                  pipelined: bool | None = None, maxnreg: int | None = None) -> torch.Tensor:
+                  pipelined: bool | None = None) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
     _check_qkv(q, k, v, qk)
     block_n = config[1] if config else None
     kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
     return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
-                         exp2_poly=exp2_poly, pipelined=pipelined, maxnreg=maxnreg)
+                         exp2_poly=exp2_poly, pipelined=pipelined)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
