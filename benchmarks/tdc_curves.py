@@ -66,6 +66,15 @@ VARIANTS = {
     # session 16: the size of the last delta extrapolated (docs/TDC.md §12-§13), the probe against its last delta
     "step_magnitude": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last"),
                        "tdc_probe_threshold", PROBE_THRESHOLDS),
+    # session 22: the 20-step default with one more rule each (docs/TDC.md §16)
+    "step_magnitude_cap1": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
+                                             tdc_max_skips=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_magnitude_first4": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
+                                               tdc_first=4), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_attn_last": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_probe_reference="last"),
+                       "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_magnitude_tail1": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
+                                              tdc_tail=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_block": ("full", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
     "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last", **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_step_attn": ("full", dict(tdc_mode="step", tdc_scope="attention", **FIXED), "tdc_probe_threshold",

@@ -81,3 +81,15 @@ def test_publish_before_the_default_variant_has_finished(tmp_path):
                "results": {"dmpq_only": _pt(None, 0.0, 35.0)}}
     md = tdc_curves.publish(payload, tmp_path / "c", str(tmp_path / "peers_mini_20.json"))
     assert "(the default variant 'step' has not finished yet)" in md
+
+
+@pytest.mark.parametrize("variant", sorted(tdc_curves.VARIANTS))
+def test_every_variant_makes_a_valid_config_with_its_rule_at_each_knob(variant):
+    """A variant is the preset plus its fields: each knob value builds a config (no ConfigError) that carries them."""
+    preset, fields, knob, values = tdc_curves.VARIANTS[variant]
+    for value in values:
+        cfg = tdc_curves.variant_config(variant, value)
+        for name, want in fields.items():
+            assert getattr(cfg, name) == want, (variant, name)
+        if knob != "scale":
+            assert getattr(cfg, knob) == value
