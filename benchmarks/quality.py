@@ -82,13 +82,15 @@ def quality(args) -> dict:
     done = 0
     overrides = tdc_overrides(args.tdc_threshold, args.tdc_budget)
     pdr_over = {} if args.pdr_rho is None else {"pdr_rho": args.pdr_rho}
+    warm_over = {} if args.warmup_steps is None else {"warmup_steps": args.warmup_steps}
     skips: dict[str, dict[tuple[int, int], Any]] = {src: {} for src in SAME_SKIPS.values()}
     for cfg_name in configs:
         handle = None
         replay = SAME_SKIPS.get(cfg_name)
         if cfg_name != "fp16":
             cfg = make_config(cfg_name)
-            extra = {**(overrides if cfg.tdc else {}), **(pdr_over if cfg.pdr else {})}
+            extra = {**(overrides if cfg.tdc else {}), **(pdr_over if cfg.pdr else {}),
+                     **(warm_over if cfg.quant == "dmpq" else {})}
             if extra:
                 cfg = make_config(cfg_name, **extra)
             if replay is None:
@@ -139,7 +141,7 @@ def quality(args) -> dict:
     summary = {c: {m: stats([r.get(m) for r in rows[c]]) for m in metrics} for c in configs}
     env = environment(device, args.command)
     payload = {"benchmark": "quality", "model": str(args.model), "generation": gen, "tdc_overrides": overrides,
-               "pdr_overrides": pdr_over,
+               "pdr_overrides": pdr_over, "warmup_overrides": warm_over,
                "prompts": prompts,
                "seeds": seeds, "environment": env, "summary": summary, "runs": rows}
     if schedule is not None:
@@ -173,7 +175,8 @@ def quality(args) -> dict:
                   f"{fmt_stats(s['attention_fp8'])} | {fmt_stats(s['time_s'])} |")
     md += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in gen.items())
            + (("; TDC overrides: " + ", ".join(f"{k}={v}" for k, v in overrides.items())) if overrides else "")
-           + (f"; PDR ρ override: {args.pdr_rho}" if pdr_over else ""),
+           + (f"; PDR ρ override: {args.pdr_rho}" if pdr_over else "")
+           + (f"; warm-up steps (DMPQ rows): {args.warmup_steps}" if warm_over else ""),
            "", env_md(env), ""]
     write_results(args.name or "quality_mini", payload, "\n".join(md), Path(args.out))
     print("\n".join(md))
@@ -203,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tdc-budget", type=float, default=None, help="override for every configuration with TDC")
     p.add_argument("--pdr-rho", type=float, default=None,
                    help="PDR's outlier-ratio threshold ρ for every configuration with PDR (default: the policy's)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="override warmup_steps (full-precision first steps) for every DMPQ configuration")
     p.add_argument("--schedule-config", default="full", choices=ROW_CHOICES,
                    help="the row whose first run's skip schedule is written (<name>_schedule.json)")
     p.add_argument("--device", default=None)

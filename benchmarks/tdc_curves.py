@@ -71,10 +71,11 @@ VARIANTS = {
                                              tdc_max_skips=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_magnitude_first4": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
                                                tdc_first=4), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_attn_last": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_probe_reference="last"),
-                       "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_magnitude_tail1": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
                                               tdc_tail=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    # the attention scope (§7's step_attn) with the default's probe reference (§16 adds θ 0.12 with --knobs)
+    "step_attn_last": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_probe_reference="last"),
+                       "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_block": ("full", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
     "full_step": ("full", dict(tdc_mode="step", tdc_reuse="last", **FIXED), "tdc_probe_threshold", PROBE_THRESHOLDS),
     "full_step_attn": ("full", dict(tdc_mode="step", tdc_scope="attention", **FIXED), "tdc_probe_threshold",

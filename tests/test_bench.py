@@ -57,6 +57,18 @@ def test_quality_smoke_on_sixbit_mini(out, one_thread):
     assert data["summary"]["w4a4"]["pdr_count"]["mean"] == 0 and data["summary"]["full"]["pdr_count"]["n"] == 1
 
 
+def test_quality_warmup_steps_override_runs_the_first_steps_of_dmpq_rows_in_full_precision(out, one_thread):
+    """--warmup-steps reaches the DMPQ rows: with every step a warm-up step nothing is quantized (16 bits, no
+    8-bit attention); the static rows keep their routes; the override is in the JSON and the markdown."""
+    quality.main(["--prompts", "1", "--seeds", "1", "--steps", "3", "--configs", "fp16", "w4a4", "dmpq_only",
+                  "--warmup-steps", "3", "--out", str(out), "--name", "qw"])
+    data, md = json.loads((out / "qw.json").read_text()), (out / "qw.md").read_text()
+    dmpq = data["summary"]["dmpq_only"]
+    assert dmpq["avg_act_bits"]["mean"] == 16 and dmpq["attention_fp8"]["mean"] == 0
+    assert data["summary"]["w4a4"]["avg_act_bits"]["mean"] == pytest.approx(4.5)
+    assert data["warmup_overrides"] == {"warmup_steps": 3} and "warm-up steps (DMPQ rows): 3" in md
+
+
 def test_quality_records_the_schedule_of_the_row_it_is_told(out, one_thread):
     """--schedule-config: the schedule of another row (here 8-bit attention after every skip), for bench speed."""
     quality.main(["--prompts", "1", "--seeds", "1", "--steps", "6", "--configs", "fp16", "full_attn_as_fp8",

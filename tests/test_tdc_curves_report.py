@@ -86,7 +86,7 @@ def test_publish_before_the_default_variant_has_finished(tmp_path):
 @pytest.mark.parametrize("variant", sorted(tdc_curves.VARIANTS))
 def test_every_variant_makes_a_valid_config_with_its_rule_at_each_knob(variant):
     """A variant is the preset plus its fields: each knob value builds a config (no ConfigError) that carries them."""
-    preset, fields, knob, values = tdc_curves.VARIANTS[variant]
+    _, fields, knob, values = tdc_curves.VARIANTS[variant]
     for value in values:
         cfg = tdc_curves.variant_config(variant, value)
         for name, want in fields.items():
