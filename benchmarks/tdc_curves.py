@@ -38,6 +38,8 @@ PROBE_THRESHOLDS = (0.1, 0.2, 0.3, 0.4)
 #: the step variants measured before the step-count rules pin tdc_threshold_rule="fixed": their knob is the
 #: threshold at every step count (docs/TDC.md §3-§5); §8's rules follow the step count (S = 20 steps)
 FIXED = dict(tdc_threshold_rule="fixed")
+#: the 20-step default cache (session 16): the last delta with its size extrapolated, the probe against its last delta
+MAGNITUDE = dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last")
 VARIANTS = {
     "block": ("tdc_only", dict(tdc_mode="block", tdc_reuse="last"), "scale", BLOCK_SCALES),
     "block_linear": ("tdc_only", dict(tdc_mode="block", tdc_reuse="linear"), "scale", BLOCK_SCALES),
@@ -64,15 +66,11 @@ VARIANTS = {
     "step_attn_linear": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_reuse="linear", **FIXED),
                          "tdc_probe_threshold", PROBE_THRESHOLDS),
     # session 16: the size of the last delta extrapolated (docs/TDC.md §12-§13), the probe against its last delta
-    "step_magnitude": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last"),
-                       "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_magnitude": ("tdc_only", MAGNITUDE, "tdc_probe_threshold", PROBE_THRESHOLDS),
     # session 22: the 20-step default with one more rule each (docs/TDC.md §16)
-    "step_magnitude_cap1": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
-                                             tdc_max_skips=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_magnitude_first4": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
-                                               tdc_first=4), "tdc_probe_threshold", PROBE_THRESHOLDS),
-    "step_magnitude_tail1": ("tdc_only", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last",
-                                              tdc_tail=1), "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_magnitude_cap1": ("tdc_only", {**MAGNITUDE, "tdc_max_skips": 1}, "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_magnitude_first4": ("tdc_only", {**MAGNITUDE, "tdc_first": 4}, "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "step_magnitude_tail1": ("tdc_only", {**MAGNITUDE, "tdc_tail": 1}, "tdc_probe_threshold", PROBE_THRESHOLDS),
     # the attention scope (§7's step_attn) with the default's probe reference (§16 adds θ 0.12 with --knobs)
     "step_attn_last": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_probe_reference="last"),
                        "tdc_probe_threshold", PROBE_THRESHOLDS),
@@ -82,8 +80,7 @@ VARIANTS = {
                        PROBE_THRESHOLDS),
     "full_step_linear": ("full", dict(tdc_mode="step", tdc_reuse="linear", **FIXED), "tdc_probe_threshold",
                          PROBE_THRESHOLDS),
-    "full_step_magnitude": ("full", dict(tdc_mode="step", tdc_reuse="magnitude", tdc_probe_reference="last"),
-                            "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "full_step_magnitude": ("full", MAGNITUDE, "tdc_probe_threshold", PROBE_THRESHOLDS),
 }
 BLOCK_DEFAULTS = (0.165, 0.4)
 
