@@ -187,6 +187,35 @@ def variants_markdown(res):
     return "\n".join(lines) + "\n"
 
 
+def _torch_stats(k, v):
+    """The K/V statistics as sessions ≤ 22 computed them: the spec's torch reductions, then V's scales."""
+    mean, vamax = spec.attention_kv_stats(k, v)
+    return mean, vamax, spec.attention_scale(vamax, "fp8")[1].reshape(-1, vamax.shape[-1]).contiguous()
+
+
+def kv_pass_parts(name, k, v, block_n, log, timer=_ms):
+    """The fp8 K/V pass taken apart (same inputs, same run): its statistics by the torch reductions of sessions
+    ≤ 22 and by ``kv_stats`` (also V alone, what is left once K's sums come from elsewhere), the quantize kernel
+    given the statistics, and the whole pass with the torch statistics."""
+    parts = {"K/V statistics, torch (sessions ≤ 22)": lambda: _torch_stats(k, v),
+             "K/V statistics, kernel": lambda: fa.kv_stats(k, v),
+             "V statistics alone, kernel (no smoothing)": lambda: fa.kv_stats(k, v, smooth=False),
+             "quantize kernel alone (given statistics)": lambda st=fa.kv_stats(k, v): fa.quantize_kv(
+                 k, v, block_n=block_n, stats=st),
+             "K/V pass with the torch statistics (sessions ≤ 22)": lambda: fa.quantize_kv(
+                 k, v, block_n=block_n, stats=_torch_stats(k, v))}
+    rows = []
+    for part, fn in parts.items():
+        row = {"method": f"8-bit fp8: {part}"}
+        try:
+            row["ms"] = timer(fn)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        log(f"  {name}: {row}")
+    return rows
+
+
 def measure_shape(name, B, H, S, D, best, log):
     cfg = tuple(best["config"])
     opts = dict(tma=best["tma"])
@@ -236,6 +265,7 @@ def measure_shape(name, B, H, S, D, best, log):
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             res["rows"].append(row)
             log(f"  {name}: {row}")
+    res["rows"] += kv_pass_parts(name, k, v, vcfg["fp8"][1], log)
     base = next(r for r in res["rows"] if r["method"].startswith("cuDNN"))
     for r in res["rows"]:
         if "ms" in r and "ms" in base:

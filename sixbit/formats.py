@@ -469,9 +469,10 @@ def reference_linear(
 #   p = exp2(S·cks + (8 − m')) — P·2⁸ —, l = l·α + Σ p (before rounding), O = O·α + e4m3(p)·V8ⱼ.
 # * out = O / l · v_scale (per channel).
 #
-# Kernel vs reference: the quantization pass is bit-exact without rotation (rotation: sums of D terms
-# in another order, rare one-step code flips); the attention agrees to fp32 rounding of its sums (a P8
-# code can flip where exp2 lands on a rounding tie).
+# Kernel vs reference: the statistics' V amax is bit-exact and the K mean equal to fp32 rounding (its sum
+# runs in another order); given the kernel's statistics the quantization pass is bit-exact without
+# rotation (rotation: sums of D terms in another order, rare one-step code flips); the attention agrees
+# to fp32 rounding of its sums (a P8 code can flip where exp2 lands on a rounding tie).
 
 #: P in [0, 1] is stored as e4m3(p · ATTN_P_SCALE) (the kernel adds log2 of it to the exponent)
 ATTN_P_LOG2 = 8
@@ -527,19 +528,25 @@ def _check_hi_channels(hi_channels: int, D: int, rotate: bool) -> None:
 
 
 def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128, qk: str = "fp8",
-                          rotate: bool = False, smooth: bool = True, hi_channels: int = 0) -> dict:
+                          rotate: bool = False, smooth: bool = True, hi_channels: int = 0,
+                          stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """The K/V quantization: ``k`` codes ``[B, H, S_pad, D]`` (as fp32 values), ``k_scale`` ``[B, H, S_pad /
     block_n]``, ``v`` codes ``[B, H, S_pad, D]`` (fp32 values of the e4m3 codes), ``v_scale`` ``[B, H, D]``.
 
     ``hi_channels`` = n > 0 (an accuracy option, off by default; docs/ATTENTION.md "Outlier channels in 16 bits"):
     per (batch, head) the n channels of largest smoothed-K amax are kept apart in bf16 — ``hi_idx`` ``[B, H, n]``
     (ascending), ``k_hi`` ``[B, H, S_pad, n]`` (bf16 values as fp32) — and are zero in the 8-bit codes, whose
-    block scales then come from the other channels."""
+    block scales then come from the other channels.
+
+    ``stats``: (K mean, V amax) ``[B, H, D]`` to quantize with instead of :func:`attention_kv_stats`'s — the
+    kernel's own statistics (``attention_fp8.kv_stats``: the mean to fp32 rounding), so its quantization can be
+    checked bit for bit."""
     if qk not in ATTN_QK_FORMATS:
         raise ValueError(f"qk must be one of {ATTN_QK_FORMATS}, got {qk!r}")
     B, H, S, D = k.shape
     _check_hi_channels(hi_channels, D, rotate)
-    mean, vamax = attention_kv_stats(k, v, smooth=smooth)
+    mean, vamax = attention_kv_stats(k, v, smooth=smooth) if stats is None else \
+        (t.to(k.device, torch.float32).reshape(B, H, D) for t in stats)
     kc = k.float() - mean[:, :, None, :]
     if rotate:
         kc = kc @ attention_rotation(D, k.device)

@@ -3,9 +3,11 @@
 The numerics are ``sixbit.formats``' "8-bit attention" section (``attention_fp8_reference``); this module
 is its fast form. Two launches per call:
 
-1. ``quantize_kv`` — the K/V pass. The per-(batch, head) statistics come first (``formats.
-   attention_kv_stats``: the K mean over tokens and the per-channel V amax, two torch reductions that
-   read K and V once); then one Triton kernel reads the strided ``[B, H, S, D]`` K and V views once and
+1. ``quantize_kv`` — the K/V pass. The per-(batch, head) statistics come first (``kv_stats``: the K mean
+   over tokens and the per-channel V amax of ``formats.attention_kv_stats``, V's scales too, in two launches —
+   per 1,024 rows partial sums and maxima, then a fixed-order finish per head — that read K and V once;
+   until session 23 two torch reductions and ~8 small torch ops); then one Triton kernel reads the strided
+   ``[B, H, S, D]`` K and V views once and
    writes, per ``block_n`` tokens, the smoothed (``k − mean``; softmax is invariant to a vector added to
    every key), optionally Hadamard-rotated K as 8-bit codes with one fp32 scale per block, and V as e4m3
    with one scale per channel, **transposed** (``[BH, D, S_pad]``: an 8-bit wgmma needs both operands
@@ -62,7 +64,8 @@ become NaN). Never finite garbage.
 
 Measured on the H200 (``benchmarks/results/attention_h200_s21.md``, docs/ATTENTION.md "Session 21"): at the
 CogVideoX 2B / 5B shapes, with 256-key tiles of 64 query rows, the kernel is 1.38× / 1.36× cuDNN bf16 SDPA
-(571–572 TFLOP/s) and the whole call with the K/V pass 1.33× / 1.32×; at Wan's head dim 128 1.05×. In the sm_90
+(571–572 TFLOP/s) and the whole call with the K/V pass 1.33× / 1.32×; session 23's statistics kernels took the
+pass from 0.29 / 0.42 to 0.21 / 0.30 ms (``attention_h200_s23.md``); at Wan's head dim 128 1.05×. In the sm_90
 SASS the 128 × 128 tile of before ran at 255 registers with every wgmma waited for right after it; the 256-key
 tiles keep each key block's wgmma group in flight. ``pipelined`` (the next block's QKᵀ issued before this block's
 softmax) computes the same in another order; Triton still waits for that MMA at once (measured slower, off).
@@ -292,6 +295,91 @@ def exp2_tile(x: torch.Tensor, poly: int = 1) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------- K/V pass
 
+#: rows of K and V each program of the statistics kernel reads (``STATS_TILE``-row tiles in a loop); the partial
+#: sums of a head (``cdiv(S, STATS_ROWS)`` of them) are added in a fixed order by the finishing kernel
+STATS_ROWS = 1024
+STATS_TILE = 128
+
+
+@triton.jit
+def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, S, H, NS, skb, skh, sks, skd, svb, svh, svs, svd,
+                     D: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, SMOOTH: tl.constexpr):
+    """Per (``TILES·TILE`` rows, head): K's fp32 column sums and V's column max of |v| as int32 bit patterns
+    (NaN > inf > finite: an exact amax that carries NaN), one partial each into ``[BH, NS, D]``."""
+    j = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, D)
+    ksum = tl.zeros((D,), tl.float32)
+    vmax = tl.zeros((D,), tl.int32)
+    for t in range(TILES):
+        r = (j * TILES + t) * TILE + tl.arange(0, TILE)
+        valid = (r < S)[:, None]
+        r64 = r.to(tl.int64)
+        if SMOOTH:
+            k = tl.load(k_ptr + b * skb + h * skh + r64[:, None] * sks + d[None, :] * skd, mask=valid, other=0.0)
+            ksum += tl.sum(k.to(tl.float32), axis=0)
+        v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
+        vmax = tl.maximum(vmax, tl.max(absbits(v.to(tl.float32)), axis=0))
+    out = (bh * NS + j) * D + d
+    tl.store(ksum_ptr + out, ksum)
+    tl.store(vbits_ptr + out, vmax)
+
+
+@triton.jit
+def _kv_stats_finish_kernel(ksum_ptr, vbits_ptr, mean_ptr, vamax_ptr, vscale_ptr, S, NS, D: tl.constexpr,
+                            CHUNK: tl.constexpr, SMOOTH: tl.constexpr):
+    """Per head: the partials added in a fixed order → K mean (``sum / S``, IEEE), V amax (NaN on every
+    channel of a head whose mean or amax is not finite) and V's dequantization scales (``_amax_to_scale``)."""
+    bh = tl.program_id(0)
+    d = tl.arange(0, D)
+    ksum = tl.zeros((D,), tl.float32)
+    vmax = tl.zeros((D,), tl.int32)
+    for i in range(0, NS, CHUNK):
+        idx = i + tl.arange(0, CHUNK)
+        m = (idx < NS)[:, None]
+        off = (bh * NS + idx)[:, None] * D + d[None, :]
+        ksum += tl.sum(tl.load(ksum_ptr + off, mask=m, other=0.0), axis=0)
+        vmax = tl.maximum(vmax, tl.max(tl.load(vbits_ptr + off, mask=m, other=0), axis=0))
+    amax = vmax.to(tl.float32, bitcast=True)
+    finite = amax < float("inf")
+    if SMOOTH:
+        mean = tl.math.div_rn(ksum, tl.full((D,), S, tl.float32))
+        finite = finite & (tl.abs(mean) < float("inf"))
+    else:
+        mean = tl.zeros((D,), tl.float32)
+    bad = tl.min(finite.to(tl.int32), axis=0) == 0
+    amax = tl.where(bad, float("nan"), amax)
+    _, scale = _amax_to_scale(amax, 448.0)
+    tl.store(mean_ptr + bh * D + d, mean)
+    tl.store(vamax_ptr + bh * D + d, amax)
+    tl.store(vscale_ptr + bh * D + d, scale)
+
+
+def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``formats.attention_kv_stats`` in two launches that read K and V once: (K mean ``[B, H, D]`` fp32 — zeros
+    without ``smooth`` —, V amax ``[B, H, D]`` — NaN for every channel of a head with a non-finite value in K's
+    mean or V —, V dequantization scales ``[BH, D]``). The V amax is bit-exact; the mean is the spec's to fp32
+    rounding (its sum runs in another order: per 1,024-row partial sums, then those in a fixed order — the same
+    result every run)."""
+    B, H, S, D = k.shape
+    interp = check_launchable(k, v)
+    tile = 16 if interp else STATS_TILE
+    tiles = 4 if interp else STATS_ROWS // STATS_TILE
+    ns = max(cdiv(S, tile * tiles), 1)
+    ksum = torch.empty(B * H, ns, D, dtype=torch.float32, device=k.device)
+    vbits = torch.empty(B * H, ns, D, dtype=torch.int32, device=k.device)
+    _kv_stats_kernel[(ns, B * H)](k, v, ksum, vbits, S, H, ns, *k.stride(), *v.stride(),
+                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, num_warps=4)
+    mean = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
+    vamax = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
+    vscale = torch.empty(B * H, D, dtype=torch.float32, device=k.device)
+    _kv_stats_finish_kernel[(B * H,)](ksum, vbits, mean, vamax, vscale, S, ns, D=D, CHUNK=16, SMOOTH=smooth,
+                                      num_warps=1)
+    return mean, vamax, vscale
+
 
 @triton.jit
 def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, hidx_ptr, khi_ptr, S, S_pad, H,
@@ -331,15 +419,17 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
 
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None, qk: str = "fp8",
-                rotate: bool = False, smooth: bool = True, hi_channels: int = 0) -> KV8:
+                rotate: bool = False, smooth: bool = True, hi_channels: int = 0,
+                stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> KV8:
     """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides). ``hi_channels``: 0 or
-    :data:`HI_CHANNELS` K channels per head kept in bf16 (``formats.attention_quantize_kv``; module docstring)."""
+    :data:`HI_CHANNELS` K channels per head kept in bf16 (``formats.attention_quantize_kv``; module docstring).
+    ``stats``: :func:`kv_stats`' output for these K and V if already computed (then ``smooth`` is theirs)."""
     _check_qkv(k, k, v, qk)
     B, H, S, D = k.shape
     _check_hi(hi_channels, D, rotate)
     block_n = block_n or default_config(D, int8_rotate=qk == "int8" and rotate)[1]
     interp = check_launchable(k, v)
-    mean, vamax = spec.attention_kv_stats(k, v, smooth=smooth)
+    mean, vamax, vscale = kv_stats(k, v, smooth=smooth) if stats is None else stats
     hidx = khi = None
     if hi_channels:  # max |k - mean| per channel from K's max and min (rounding is monotone: the spec's values)
         amax = torch.maximum(k.amax(dim=2).float() - mean, mean - k.amin(dim=2).float())
@@ -358,7 +448,7 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
         D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, INTERP=interp,
         num_warps=4, enable_fp_fusion=False,
     )
-    return KV8(k8, ks, v8, _v_scale(vamax), B, H, S, block_n, qk, rotate, hidx, khi)
+    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, hidx, khi)
 
 
 def _check_hi(hi_channels: int, D: int, rotate: bool) -> None:
@@ -366,11 +456,6 @@ def _check_hi(hi_channels: int, D: int, rotate: bool) -> None:
     if hi_channels not in (0, HI_CHANNELS) or (hi_channels and HI_CHANNELS >= D):
         raise ValueError(f"8-bit attention: the kernel keeps 0 or {HI_CHANNELS} K channels in bf16 (a bf16 MMA "
                          f"reduces over 16) below head dim {D}, got hi_channels={hi_channels}")
-
-
-def _v_scale(vamax: torch.Tensor) -> torch.Tensor:
-    """``[B, H, D]`` V amax → ``[BH, D]`` dequantization scales (``formats.attention_scale``)."""
-    return spec.attention_scale(vamax, "fp8")[1].reshape(-1, vamax.shape[-1]).contiguous()
 
 
 # ------------------------------------------------------------------------------------- attention

@@ -57,12 +57,68 @@ def _close(out, ref, rtol=1e-2 if DEV == "cpu" else 2e-2):
     assert float(err.max()) <= rtol * float(ref[fin].abs().max()) + 1e-6, float(err.max())
 
 
+def _kernel_stats(k, v, smooth=True):
+    """The kernel's (K mean, V amax) on the CPU, for the spec to quantize with (bit for bit given them)."""
+    mean, vamax, _ = fa.kv_stats(k.to(DEV), v.to(DEV), smooth=smooth)
+    return mean.cpu(), vamax.cpu()
+
+
+def _stats_case(case, seed):
+    """K, V ``[B, H, S, D]`` (strided like the processor's: transposed views of [B, S, H, D]) for the statistics."""
+    g = torch.Generator().manual_seed(seed)
+    S = {"awkward": 1_237, "one": 1}.get(case, 45)
+    k, v = (torch.randn(2, S, 3, 32, generator=g).transpose(1, 2) for _ in range(2))
+    k = k + 0.5 * torch.randn(1, 3, 1, 32, generator=g)
+    if case == "outliers":
+        k[..., 3] *= 20
+        v[..., 5] *= 50
+    elif case == "zeros":
+        k[0, 1] = 0
+        v[1, 2] = 0
+        v[0, 0, :, 4] = -0.0
+    elif case == "huge":
+        k, v = k * 1e30, v * 1e30
+    elif case == "tiny":
+        k, v = k * 1e-30, v * 1e-35  # V below bf16's normal range: subnormal amaxes
+    elif case == "non-finite":
+        k[0, 1, 7, 0] = float("inf")
+        v[1, 2, 9, 4] = float("nan")
+        v[0, 0, 3, 1] = -float("inf")
+    return k.to(torch.bfloat16), v.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("case", ["normal", "awkward", "one", "outliers", "zeros", "huge", "tiny", "non-finite"])
+@pytest.mark.parametrize("smooth", [True, False])
+def test_kv_stats_match_the_spec(case, smooth):
+    """``kv_stats`` (two launches, K and V read once) against ``formats.attention_kv_stats``: V amax bit for bit
+    (±0, subnormal, ±inf, NaN), the K mean to fp32 rounding (its sum runs in another order), NaN for every channel
+    of a head with a non-finite value and nowhere else, V scales as ``formats.attention_scale``'s; every run
+    gives the same bits."""
+    k, v = _stats_case(case, seed=30)
+    mean, vamax, vscale = fa.kv_stats(k.to(DEV), v.to(DEV), smooth=smooth)
+    ref_mean, ref_vamax = spec.attention_kv_stats(k, v, smooth=smooth)
+    assert mean.shape == ref_mean.shape == vamax.shape and vscale.shape == (6, 32)
+    assert torch.equal(vamax.cpu().isnan(), ref_vamax.isnan())
+    assert torch.equal(vamax.cpu().nan_to_num(-1.0), ref_vamax.nan_to_num(-1.0))
+    torch.testing.assert_close(mean.cpu(), ref_mean, rtol=1e-6, atol=1e-7 * float(k.float().abs().max()),
+                               equal_nan=True)
+    if not smooth:
+        assert not bool(mean.any())
+    assert torch.equal(vscale.cpu().nan_to_num(-1.0),
+                       spec.attention_scale(ref_vamax, "fp8")[1].reshape(6, 32).nan_to_num(-1.0))
+    again = fa.kv_stats(k.to(DEV), v.to(DEV), smooth=smooth)
+    assert all(torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)) for a, b in zip(again, (mean, vamax, vscale)))
+    if case == "non-finite":
+        bad = vamax.cpu().isnan().all(-1)
+        assert bad.tolist() == [[True, smooth, False], [False, False, True]]  # K's inf counts only when smoothing
+
+
 @pytest.mark.parametrize("qk,rotate", [("fp8", False), ("int8", False), ("int8", True), ("fp8", True)])
 def test_kv_pass_matches_the_spec(qk, rotate):
     q, k, v = _qkv(S=45, D=32)
     k[..., 3] *= 20  # an outlier channel
     kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=16, qk=qk, rotate=rotate)
-    ref = spec.attention_quantize_kv(k, v, block_n=16, qk=qk, rotate=rotate)
+    ref = spec.attention_quantize_kv(k, v, block_n=16, qk=qk, rotate=rotate, stats=_kernel_stats(k, v))
     B, H, S_pad, D = ref["k"].shape
     assert kv.k.shape == (B * H, S_pad, D) and kv.v.shape == (B * H, D, S_pad)
     torch.testing.assert_close(kv.k_scale.cpu(), ref["k_scale"].view(B * H, -1), rtol=0 if not rotate else 1e-6,
@@ -273,7 +329,7 @@ def test_kernel_hi_channels_match_the_spec():
         q, k, v = _qkv(S=S, S_kv=S_kv, D=D, seed=seed)
         k[..., [1, 9, 20]] *= 20.0
         kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=CFG[1], hi_channels=n)
-        ref = spec.attention_quantize_kv(k, v, block_n=CFG[1], hi_channels=n)
+        ref = spec.attention_quantize_kv(k, v, block_n=CFG[1], hi_channels=n, stats=_kernel_stats(k, v))
         B, H, S_pad, _ = ref["k"].shape
         assert torch.equal(kv.hi_idx.cpu().long().view(B, H, n), ref["hi_idx"])
         assert torch.equal(kv.k_hi.float().cpu().view(B, H, S_pad, n), ref["k_hi"])
@@ -356,3 +412,26 @@ def test_variants_benchmark_times_each_variant_against_the_baseline():
     assert "rel. L2 K outliers" in md
     assert [v[3] for v in bench.SPEED_VARIANTS if v[1:3] == ((128, 128, 4, 3), True)] == [0, 4, 2, 1]
     assert fa.CONFIGS[64] in [v[1] for v in bench.TILE_VARIANTS]
+
+
+def test_kv_pass_parts_time_the_statistics_both_ways_on_the_same_inputs():
+    """``benchmarks.attention.kv_pass_parts``: every part runs once per timing on the same K and V, and the pass
+    with the torch statistics of sessions ≤ 22 quantizes as the kernel statistics' pass does (same codes here)."""
+    from benchmarks import attention as bench
+
+    k, v = _stats_case("outliers", seed=31)
+    k, v = k.to(DEV), v.to(DEV)
+    outs = {}
+
+    def timer(fn):
+        outs[len(outs)] = fn()
+        return 1.0
+
+    rows = bench.kv_pass_parts("tiny", k, v, CFG[1], lambda m: None, timer=timer)
+    assert [r["ms"] for r in rows] == [1.0] * 5 and all("error" not in r for r in rows)
+    assert "torch" in rows[0]["method"] and "kernel" in rows[1]["method"]
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][2], outs[1][2])
+    new = fa.quantize_kv(k, v, block_n=CFG[1])
+    for name in ("k", "k_scale", "v", "v_scale"):
+        assert torch.equal(getattr(outs[4], name).float(), getattr(new, name).float()), name
