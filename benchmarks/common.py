@@ -51,7 +51,11 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "full_attn_fp8": ("full", dict(attention="fp8")),
                  # TDC's attention scope with W8A8 (the speed pairing on Hopper)
                  "w8a8_tdc_attn": ("w8a8", dict(tdc=True, tdc_scope="attention")),
-                 "full_w8a8_attn": ("full_attn", dict(int8_route="w8a8"))}
+                 "full_w8a8_attn": ("full_attn", dict(int8_route="w8a8")),
+                 # a delta per block instead of the span's combined residual (tdc_store, docs/TDC.md §17)
+                 "full_blocks": ("full", dict(tdc_store="blocks")),
+                 "fast_blocks": ("fast", dict(tdc_store="blocks")),
+                 "tdc_only_blocks": ("tdc_only", dict(tdc_store="blocks"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -73,6 +77,9 @@ LABELS = {
     "w8a8_tdc_attn": "static W8A8 + TDC attention reuse",
     "full_w8a8_attn": "full 6Bit, attention reuse · INT8 decisions on W8A8 + 8-bit attention by policy",
     "bf16_fast_attn": "bf16 + sixbit's fused q/k LayerNorm (+rotary) only — the engineering share, no method",
+    "full_blocks": "full 6Bit · a cached Δ per block (tdc_store=\"blocks\", before session 23)",
+    "fast_blocks": "fast preset · a cached Δ per block (tdc_store=\"blocks\", before session 23)",
+    "tdc_only_blocks": "TDC only · a cached Δ per block (tdc_store=\"blocks\", before session 23)",
 }
 
 #: real CogVideoX transformer configurations (random weights)

@@ -52,7 +52,9 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
                  # TDC's attention scope (tdc_scope="attention"): replay a schedule recorded with it
                  "tdc_attn", "full_attn", "w8a8_tdc_attn", "full_w8a8_attn",
                  # full_w8a8 with after-skip attention by the stale Γ (docs/ATTENTION.md): replay its own schedule
-                 "fast")
+                 "fast",
+                 # the same with a cached Δ per block instead of the span's residual (tdc_store="blocks")
+                 "full_blocks", "fast_blocks", "tdc_only_blocks")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
 #: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
 #: from that engineering's

@@ -71,6 +71,8 @@ VARIANTS = {
     "step_magnitude_cap1": ("tdc_only", {**MAGNITUDE, "tdc_max_skips": 1}, "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_magnitude_first4": ("tdc_only", {**MAGNITUDE, "tdc_first": 4}, "tdc_probe_threshold", PROBE_THRESHOLDS),
     "step_magnitude_tail1": ("tdc_only", {**MAGNITUDE, "tdc_tail": 1}, "tdc_probe_threshold", PROBE_THRESHOLDS),
+    # session 23: the 20-step default on the combined residual of the span (tdc_store="span"; docs/TDC.md §17)
+    "step_magnitude_span": ("tdc_only", {**MAGNITUDE, "tdc_store": "span"}, "tdc_probe_threshold", PROBE_THRESHOLDS),
     # the attention scope (§7's step_attn) with the default's probe reference (§16 adds θ 0.12 with --knobs)
     "step_attn_last": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_probe_reference="last"),
                        "tdc_probe_threshold", PROBE_THRESHOLDS),

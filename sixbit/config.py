@@ -252,6 +252,16 @@ class SixBitConfig:
         choices=("block", "attention"),
         label="TDC scope",
     )
+    tdc_store: str = _f(
+        "auto",
+        "Step mode, block scope: what is kept for the skipped blocks — 'span' = one combined residual per stream "
+        "for the blocks between the probe and the tail, which skip together (out of the last, minus in of the "
+        "first), its earlier values for a forecast; 'blocks' = every block's own delta (~29× the memory at "
+        "CogVideoX-2B); 'auto' = 'span' where it computes what per-block deltas would (reuse last, linear, "
+        "quadratic, scaled), 'blocks' for 'magnitude' (docs/TDC.md §17).",
+        choices=("auto", "span", "blocks"),
+        label="TDC store",
+    )
     tdc_probe_threshold: float = _f(
         0.2,
         "Step mode: the rest of a step is skipped while the probe block's delta differs from its reference "
@@ -458,6 +468,9 @@ def _validate(cfg: SixBitConfig) -> None:
         if cfg.tdc_reuse in ("scaled", "magnitude"):
             raise ConfigError(f"SixBitConfig.tdc_reuse={cfg.tdc_reuse!r} scales cached block deltas by a magnitude "
                               "ratio: not defined for tdc_scope='attention' (use 'last' or 'linear')")
+    if cfg.tdc_store == "span" and (cfg.tdc_mode != "step" or cfg.tdc_scope != "block"):
+        raise ConfigError("SixBitConfig.tdc_store='span' keeps one residual for the blocks that skip together: it "
+                          f"needs tdc_mode='step' and tdc_scope='block', got {cfg.tdc_mode!r} / {cfg.tdc_scope!r}")
     if cfg.tdc_reuse == "scaled" and cfg.tdc_mode != "step":
         raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales by the probe's magnitude ratio: it needs "
                           f"tdc_mode='step', got {cfg.tdc_mode!r}")

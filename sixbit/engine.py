@@ -47,6 +47,7 @@ from sixbit.hooks import (
     DenoiserHook,
     Method,
     Run,
+    Span,
 )
 from sixbit.linear import (
     SixBitLinear,
@@ -208,7 +209,11 @@ class SixBitHandle:
         method = Method(cfg, adapter, schedule, self.tau, self.pdr_rho, self.tau_attn, self.probe_profile)
         self.block_hooks = [BlockHook(b, self.run, method, idx, [self.modules[j] for j in idx] if self.modules
                                       else [], fits[b]) for b, idx in enumerate(self.block_linear_idx)]
-        self.denoiser_hook = DenoiserHook(self.run, self.block_hooks, pipe=pipe, sync_timing=cfg.sync_timing)
+        self.span = Span(method, len(self.block_hooks))  # step mode's combined residual, where tdc_store uses it
+        for hook in self.block_hooks:
+            hook.span = self.span
+        self.denoiser_hook = DenoiserHook(self.run, self.block_hooks, pipe=pipe, sync_timing=cfg.sync_timing,
+                                          span=self.span)
         self._created_registries: list[nn.Module] = []
         self._had_forward_attr: dict[int, bool] = {}
         self._hooked: list[nn.Module] = []

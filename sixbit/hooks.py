@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from sixbit.policy import LinearFit
     from sixbit.trace import Trace
 
-__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "AttentionHook", "block_stats",
+__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "Span", "AttentionHook", "block_stats",
            "DENOISER_HOOK", "BLOCK_HOOK", "ATTENTION_HOOK"]
 
 DENOISER_HOOK = "sixbit_denoiser"
@@ -199,17 +199,19 @@ class DenoiserHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, run: Run, blocks: list[BlockHook], *, pipe, sync_timing: bool):
+    def __init__(self, run: Run, blocks: list[BlockHook], *, pipe, sync_timing: bool, span: Span | None = None):
         super().__init__()
         self.run = run
         self.blocks = blocks
+        self.span = span
         self.pipe = pipe
         self.sync_timing = sync_timing
         self.state_manager = StateManager(StepState)
         self._own_context = False
 
     def managers(self) -> list[StateManager]:
-        return [self.state_manager] + [b.state_manager for b in self.blocks]
+        return [self.state_manager] + [b.state_manager for b in self.blocks] + \
+            ([self.span.state_manager] if self.span is not None else [])
 
     def forget(self) -> None:
         """Drop every cache and counter now (the next transformer call starts a new run)."""
@@ -234,6 +236,8 @@ class DenoiserHook(ModelHook):
                 m.set_context(ctx)
             self._own_context = True
         ctx = mgr.context
+        if self.span is not None:  # not a hook's own manager: the pipeline's cache_context does not reach it
+            self.span.state_manager.set_context(ctx)
         hs = _arg(module, "hidden_states", args, kwargs)
         t = _arg(module, "timestep", args, kwargs)
         t_val = float(t.detach().float().max()) if isinstance(t, torch.Tensor) else float(t if t is not None else 0)
@@ -250,6 +254,9 @@ class DenoiserHook(ModelHook):
             run.trace.close_step(step - 1)
         num_steps = ctx.num_inference_steps or getattr(self.pipe, "_num_timesteps", None)
         run.call = Call(ctx.name, step, num_steps, run.trace.branch(step, ctx.name, t_val), time.perf_counter())
+        if self.span is not None and self.span.method.cfg.tdc and step == 0:  # what the skipped blocks keep
+            b = self.span.bounds(run.call)
+            run.trace.extra.setdefault("tdc_store", {})[ctx.name] = "blocks" if b is None else f"span {b[0]}-{b[1]}"
         return args, kwargs
 
     def post_forward(self, module, output):
@@ -270,8 +277,8 @@ class DenoiserHook(ModelHook):
         if call.num_steps is not None and call.step >= call.num_steps - 1:
             # the last step: no later step can reuse a cached Δ, so free them now rather than at the next
             # run's start — otherwise they stay allocated through the VAE decode (CogVideoX-2B: ~4 GB)
-            for b in self.blocks:
-                b.state_manager.get_state().drop_deltas()
+            for m in self.managers()[1:]:
+                m.get_state().drop_deltas()
         run.call = None
         if self._own_context:
             for m in self.managers():
@@ -314,9 +321,12 @@ class BlockState(BaseState):
         self.prev2_attn: list[torch.Tensor] | None = None
         self.attn_tuple = False
         self.attn_shapes: list[tuple] | None = None
+        # the span's state (:class:`Span`): its first block's input streams while a computed step runs through it
+        self.span_input: list[torch.Tensor] | None = None
 
     def drop_deltas(self) -> None:
         self.delta = self.prev_delta = self.prev2_delta = self.attn = self.prev_attn = self.prev2_attn = None
+        self.span_input = None
 
     def reused(self, step: int, order: int, onto: list[torch.Tensor] | None = None,
                magnitude: bool = False) -> list[torch.Tensor]:
@@ -346,6 +356,35 @@ class BlockState(BaseState):
             setattr(self, prev, getattr(self, cur))
             self.prev_step = self.last_step
         setattr(self, cur, value)
+
+
+class Span:
+    """Step mode's combined residual (``tdc_store``, ``sixbit.tdc``): the blocks that skip together keep one residual
+    per stream, ``R = out(last) − in(first)`` of the last computed step (and the earlier ones for a forecast), in a
+    :class:`BlockState` per cache context — instead of a delta per block. A skipped step's first span block returns
+    ``in + R`` (or its forecast), the others their input; which blocks form the span is decided per branch and
+    step count (:func:`sixbit.tdc.uses_span`, :func:`~sixbit.tdc.live_span`, a replay's
+    :meth:`~sixbit.tdc.SkipSchedule.span`)."""
+
+    def __init__(self, method: Method, num_blocks: int):
+        self.method = method
+        self.num_blocks = num_blocks
+        self.state_manager = StateManager(BlockState)
+        self._bounds: dict[tuple, tuple[int, int] | None] = {}
+
+    def bounds(self, call: Call) -> tuple[int, int] | None:
+        """(first, last) block of the span in this call's branch at its step count, or None (a Δ per block)."""
+        key = (call.branch, call.num_steps)
+        if key not in self._bounds:
+            cfg, sched = self.method.cfg, self.method.schedule
+            b = None
+            if tdc.uses_span(cfg, call.num_steps):
+                b = tdc.live_span(cfg, self.num_blocks) if sched is None else sched.span(call.branch)
+            self._bounds[key] = b
+        return self._bounds[key]
+
+    def state(self) -> BlockState:
+        return self.state_manager.get_state()
 
 
 def block_stats(outs, streams, old, keep: bool, backend: str):
@@ -379,6 +418,7 @@ class BlockHook(ModelHook):
         self.attention_fit: LinearFit | None = None  # the block's 8-bit attention line (set by the engine)
         self.attn_procs: list = []  # its sixbit attention processors (sixbit.attention.block_processors)
         self.state_manager = StateManager(BlockState)
+        self.span: Span | None = None  # step mode's combined residual (set by the engine; Span.bounds says if used)
         self.attn_action: str | None = None  # tdc_scope="attention", this forward: "capture", "reuse" or None
         self._attn_ctx: tuple | None = None
         self._attn_linears: set[int] | None = None
@@ -389,10 +429,12 @@ class BlockHook(ModelHook):
             return self.fn_ref.original_forward(*args, **kwargs)
         st: BlockState = self.state_manager.get_state()
         streams = self.method.adapter.streams_in(module, args, kwargs)
+        span = self.span_state(call)
         if self.attention_scope() and not self.probes():  # what a skip reuses: the attention output
             cached = st.attn is not None and st.attn_shapes == [tuple(s.shape) for s in streams]
         else:
-            cached = st.delta is not None and all(d.shape == s.shape for d, s in zip(st.delta, streams))
+            held = (st if span is None else span).delta
+            cached = held is not None and all(d.shape == s.shape for d, s in zip(held, streams))
         if self._skips(call, st, cached):
             if self.attention_scope():
                 return self._attention_reuse(call, st, streams, args, kwargs)
@@ -422,6 +464,11 @@ class BlockHook(ModelHook):
             self.run.schedule_overrides += 1
             return False
         return skip
+
+    def span_state(self, call: Call) -> BlockState | None:
+        """The span's state when this block is one of the span's in this call (``tdc_store``), else None."""
+        b = None if self.span is None else self.span.bounds(call)
+        return self.span.state() if b is not None and b[0] <= self.index <= b[1] else None
 
     def caches(self) -> bool:
         """This block keeps what a skip reuses or decides from (a delta, or in attention scope its attention
@@ -512,10 +559,15 @@ class BlockHook(ModelHook):
     def _reuse(self, call: Call, st: BlockState, streams):
         reuse = tdc.resolve_reuse(self.method.cfg, call.num_steps)
         order = tdc.ORDER.get(reuse, 0)
-        if reuse == "scaled":
-            out = [s + call.scale * d for s, d in zip(streams, st.delta)]
+        span, held = self.span_state(call), st
+        if span is not None:  # the span's first block adds the combined residual, the others pass through
+            held = span if self.index == self.span.bounds(call)[0] else None
+        if held is None:
+            out = list(streams)
+        elif reuse == "scaled":
+            out = [s + call.scale * d for s, d in zip(streams, held.delta)]
         else:
-            out = st.reused(call.step, order, onto=streams, magnitude=reuse == "magnitude")
+            out = held.reused(call.step, order, onto=streams, magnitude=reuse == "magnitude")
         st.acc_err = tdc.accumulate(st.acc_err, st.delta_sim)
         st.skipped_last = True
         st.run_skips += 1
@@ -571,8 +623,10 @@ class BlockHook(ModelHook):
         "probe_skip"/"probe_compute"/"probe_capped" (under the threshold, computed by ``tdc_max_skips``)."""
         cfg = self.method.cfg
         probe = self.probes()
-        # attention scope: only the probe keeps its delta (the decision's reference); the others cache attention
-        keep = self.caches() and (probe or not self.attention_scope())
+        # attention scope: only the probe keeps its delta (the decision's reference); the others cache attention;
+        # a span block keeps none (the span keeps the combined residual, below)
+        span = self.span_state(call)
+        keep = self.caches() and (probe or not self.attention_scope()) and span is None
         compare = cached and keep
         order = tdc.forecast_order(cfg, call.num_steps)
         mag = tdc.resolve_reuse(cfg, call.num_steps) == "magnitude"
@@ -607,12 +661,23 @@ class BlockHook(ModelHook):
             self.run.defer(sums, self._resolver(call, st, compare, forecasted))
         if keep:
             st.keep(deltas, order, attention=False)
+        if span is not None:
+            self._keep_span(call, span, streams, outs, order)
         st.acc_err = 0.0
         st.run_skips = 0
         st.last_step = call.step
         if probe:
             return "probe_capped" if capped else "probe_compute"
         return "tail_compute" if self.tail() else "compute"
+
+    def _keep_span(self, call: Call, span: BlockState, streams, outs, order: int) -> None:
+        """A computed step through the span: its first block holds its input, its last stores ``out − in(first)``."""
+        first, last = self.span.bounds(call)
+        if self.index == first:
+            span.span_input = list(streams)
+        if self.index == last and span.span_input is not None:
+            span.keep([o - i for o, i in zip(outs, span.span_input)], order, attention=False)
+            span.last_step, span.span_input = call.step, None
 
     def _resolver(self, call: Call, st: BlockState, compare: bool, forecasted: bool) -> Callable[[list[float]], None]:
         """What a computed block's deferred statistics read sets: Γ and (with ``compare``) the change rate per

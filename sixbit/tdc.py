@@ -67,6 +67,15 @@ Variants (options of the config, recorded in the trace's config and per cell; th
 * ``tdc_max_skips=K`` — at most K consecutive skipped steps (0: no cap): per block in block mode, per step
   (counted on the probe) in step mode, where a step the cap forces to compute is traced ``"probe_capped"``.
 
+* ``tdc_store`` (step mode, block scope) — what is kept: ``"blocks"`` = every skippable block's own Δ (and, for a
+  forecast, the earlier ones); ``"span"`` = one combined residual per stream for the *span*, the blocks between the
+  probe and the tail that skip together (:func:`live_span`; in a replay :meth:`SkipSchedule.span`): ``R = out(last)
+  − in(first)`` of the last computed step, the earlier ones for a forecast. A skipped step's first span block returns
+  ``in + R`` (or ``R``'s forecast), the others pass their input through. For ``"last"``, ``"linear"``,
+  ``"quadratic"`` and ``"scaled"`` that is the per-block sum ``in₁ + Σ_b Δ̂_b`` (the forecasts are linear with
+  weights shared by every block), up to rounding; for ``"magnitude"`` it extrapolates R's size instead of each
+  block's. Memory: one Δ-sized tensor per stream and kept order instead of one per span block (CogVideoX-2B, 49
+  frames, CFG batched: 0.13 GiB instead of 29 × 0.13 GiB per set). ``"auto"`` (the default): :func:`uses_span`.
 * ``tdc_scope="attention"`` (step mode) — what a skipped cell reuses: not the block (``in + Δ``) but its
   self-attention's output (PyramidAttentionBroadcast / FasterCache's lever): the block runs on its fresh input,
   its attention call (projections, attention, output projection) returns the output cached at the last computed
@@ -133,7 +142,7 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "SCOPES", "THRESHOLD_RULES", "delta_change_sums", "change_rate", "capped", "decide",
+__all__ = ["MODES", "REUSE", "SCOPES", "STORES", "THRESHOLD_RULES", "uses_span", "live_span", "delta_change_sums", "change_rate", "capped", "decide",
            "accumulate", "step_skips", "resolve_reuse", "forecast_order", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
@@ -143,6 +152,10 @@ MODES = ("block", "step")
 REUSE = ("last", "linear", "quadratic", "magnitude", "scaled", "auto")
 #: the forecast order of each reuse (0: no forecast)
 ORDER = {"linear": 1, "quadratic": 2, "magnitude": 1}
+#: what step mode keeps (``tdc_store``): one residual for the span of blocks that skip together, or a Δ per block
+STORES = ("auto", "span", "blocks")
+#: reuses whose per-block forecasts sum to the forecast of the summed deltas (weights shared by every block)
+SPAN_EXACT = ("last", "linear", "quadratic", "scaled")
 #: how step mode's probe threshold follows the step count
 THRESHOLD_RULES = ("fixed", "steps", "profile")
 
@@ -198,6 +211,21 @@ def resolve_reuse(cfg, num_steps: int | None) -> str:
     if num_steps >= cfg.tdc_forecast_steps:
         return "linear" if attention else "quadratic"
     return "last" if attention else "magnitude"
+
+
+def uses_span(cfg, num_steps: int | None) -> bool:
+    """Whether a run keeps one combined residual for the span instead of a Δ per block (``tdc_store``, module
+    docstring): only in step mode with block scope; ``"auto"`` where that computes what per-block deltas would
+    (:data:`SPAN_EXACT` reuses)."""
+    if not cfg.tdc or cfg.tdc_mode != "step" or cfg.tdc_scope != "block" or cfg.tdc_store == "blocks":
+        return False
+    return cfg.tdc_store == "span" or resolve_reuse(cfg, num_steps) in SPAN_EXACT
+
+
+def live_span(cfg, num_blocks: int) -> tuple[int, int] | None:
+    """Step mode's span in a live run: the blocks after the probe and before the ``tdc_tail`` tail (first, last)."""
+    first, last = 1, num_blocks - 1 - cfg.tdc_tail
+    return (first, last) if cfg.tdc_mode == "step" and first <= last else None
 
 
 def forecast_order(cfg, num_steps: int | None) -> int:
@@ -324,6 +352,20 @@ class SkipSchedule:
         if step >= len(pattern):
             return True
         return bool(pattern[step][block])
+
+    def span(self, branch: str) -> tuple[int, int] | None:
+        """The blocks that skip together in ``branch`` as (first, last): contiguous, and every step skips all of them
+        or none (a step-mode recording, also resampled). None when the skips are not one such span (block mode). A
+        schedule that skips nothing reuses nothing: it gets a live run's span (blocks 1 …), which keeps no per-block
+        delta (the benchmarks' forced all-computed mode measures what a live run holds)."""
+        pattern = self.branches.get(branch) or next(iter(self.branches.values()))
+        rows = [frozenset(b for b, c in enumerate(row) if not c) for row in pattern]
+        cols = frozenset().union(*rows)
+        if not cols:
+            return min(1, self.num_blocks - 1), self.num_blocks - 1
+        if cols != frozenset(range(min(cols), max(cols) + 1)) or any(r and r != cols for r in rows):
+            return None
+        return min(cols), max(cols)
 
     def block_routes(self, branch: str, step: int, block: int, n_linears: int) -> list[str] | None:
         """The recorded routes of a computed cell for a block of ``n_linears`` routed linears (letters

@@ -95,9 +95,13 @@ def plan(handle) -> list[tuple[str, object]]:
             items.append((f"linear {m.in_features}→{m.out_features} {W4A16}", _linear(m, W4A16)))
     widths = sorted(set(_stream_widths(handle)))
     keep = cfg.tdc or handle.schedule is not None
+    # a block that keeps no delta (no TDC; the span's blocks under tdc_store, sixbit.tdc) writes none: another variant
+    span = keep and cfg.tdc_mode == "step" and cfg.tdc_scope == "block" and cfg.tdc_store != "blocks"
     for w in widths:
-        items.append((f"block_stats {w}", _block_stats(w, None, keep, cfg.backend)))
+        if not keep or span:
+            items.append((f"block_stats {w}", _block_stats(w, None, False, cfg.backend)))
         if keep:
+            items.append((f"block_stats {w} + delta", _block_stats(w, None, True, cfg.backend)))
             items.append((f"block_stats {w} + delta change", _block_stats(w, True, keep, cfg.backend)))
         if cfg.pdr and cfg.quant == "dmpq":
             items.append((f"outlier_count {w}", _outliers(w, cfg)))

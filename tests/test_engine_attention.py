@@ -157,6 +157,9 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
                 assert f"linear {k}→{n} {r}" in names
         assert {"attention 2×32 bf16", "attention 2×32 fp8"} <= set(names)
         assert any(n.startswith("block_stats") and "delta change" in n for n in names)
+        # the span's blocks keep no delta (tdc_store): the variant without the write too (a timed compile at 5B)
+        stats = {n.split(" + ")[-1] if " + " in n else "" for n in names if n.startswith("block_stats")}
+        assert stats == {"", "delta", "delta change"}
         assert any(n.startswith("outlier_count") for n in names)
         dim = pipe.transformer.config.num_attention_heads * pipe.transformer.config.attention_head_dim
         assert {n for n in names if n.startswith("norm_modulate_int8")} == {  # the fused producer, both forms
@@ -177,6 +180,8 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         warmup.warm(h, force=True)  # the attention alone on layers that hold only W8A8 weights (a bug on the H200)
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), policy=pol) as h:
         assert not any(n.startswith(("linear", "norm_modulate_int8")) for n, _ in warmup.plan(h))
+    with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks"), policy=pol) as h:
+        assert all(" + " in n for n, _ in warmup.plan(h) if n.startswith("block_stats"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="apply() compiles on a GPU only")

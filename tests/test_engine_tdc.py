@@ -352,9 +352,11 @@ def test_step_mode_does_not_forecast_for_the_blocks_the_probe_decides_for(monkey
     """Step mode with second-order reuse, every step computed: only the probe's statistic is against the forecast;
     the other blocks' change rate is against their last delta (fused in the block pass), and no forecast is
     computed for them — session 21's profile: that forecast and its error cost every computed 2B step ~24 ms of
-    torch passes, for a statistic only block mode decides with. Block mode still charges it."""
+    torch passes, for a statistic only block mode decides with. Block mode still charges it. (With a delta per
+    block, ``tdc_store="blocks"``; the span keeps no per-block delta: no change rate, no forecast either.)"""
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}, tdc_reuse="quadratic")
+    cfg = SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}, tdc_reuse="quadratic",
+                              tdc_store="blocks")
     handle = sixbit.apply(pipe, cfg)
     calls = _capture(pipe.transformer.transformer_blocks[1])
     made = []
@@ -368,7 +370,10 @@ def test_step_mode_does_not_forecast_for_the_blocks_the_probe_decides_for(monkey
         drift = drift / sum(b.abs().sum() for b in deltas[t - 1])
         assert d["steps"][t]["blocks"][1]["delta_sim"] == pytest.approx(float(drift), rel=1e-4)
     assert made == []  # the probe compares with its last delta (the default tdc_probe_reference), the rest too
-    made.clear()
+    handle.remove()
+    handle = sixbit.apply(pipe, cfg.replace(tdc_store="span"))
+    generate(pipe, num_inference_steps=5)
+    assert made == [] and all(s["blocks"][1]["delta_sim"] is None for s in handle.trace.to_dict()["steps"])
     handle.remove()
     handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_reuse="linear", tdc_mode="block",
                                                     tdc_threshold=0.0, tdc_first=0, tdc_last=0))
@@ -574,21 +579,28 @@ def test_wan_tail_and_cap_keep_each_branch_s_own_count():
 
 
 def test_scaled_reuse_multiplies_the_cached_deltas_by_the_probe_magnitude_ratio():
-    pipe = tiny_cogvideox_pipeline(seed=0)
-    handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_reuse": "scaled"}))
-    blocks = pipe.transformer.transformer_blocks
-    calls = [_capture(b) for b in blocks]
-    generate(pipe, num_inference_steps=4)
-    d = handle.trace.to_dict()
-    assert [[b["tdc"] for b in s["blocks"]] for s in d["steps"]] == \
-        [["probe_compute", "compute", "compute"]] + [["probe_skip", "scaled", "scaled"]] * 3
-    probe = [calls[0][t]["out"][0] - calls[0][t]["in"][0] for t in range(4)]  # video stream of block 0
-    for t in range(1, 4):
-        r = probe[t].abs().sum() / probe[0].abs().sum()  # against the reference, step 0's delta
-        for b in (1, 2):
+    for store in ("blocks", "span"):
+        pipe = tiny_cogvideox_pipeline(seed=0)
+        handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_reuse": "scaled"}, tdc_store=store))
+        blocks = pipe.transformer.transformer_blocks
+        calls = [_capture(b) for b in blocks]
+        generate(pipe, num_inference_steps=4)
+        d = handle.trace.to_dict()
+        assert [[b["tdc"] for b in s["blocks"]] for s in d["steps"]] == \
+            [["probe_compute", "compute", "compute"]] + [["probe_skip", "scaled", "scaled"]] * 3
+        probe = [calls[0][t]["out"][0] - calls[0][t]["in"][0] for t in range(4)]  # video stream of block 0
+        for t in range(1, 4):
+            r = probe[t].abs().sum() / probe[0].abs().sum()  # against the reference, step 0's delta
             for s in range(2):
-                delta = calls[b][0]["out"][s] - calls[b][0]["in"][s]
-                assert torch.allclose(calls[b][t]["out"][s], calls[b][t]["in"][s] + r * delta, atol=1e-5)
+                if store == "blocks":  # each block: its input + r · its own delta
+                    for b in (1, 2):
+                        delta = calls[b][0]["out"][s] - calls[b][0]["in"][s]
+                        assert torch.allclose(calls[b][t]["out"][s], calls[b][t]["in"][s] + r * delta, atol=1e-5)
+                else:  # the span's first block adds r · the combined residual, the last passes it through
+                    combined = calls[2][0]["out"][s] - calls[1][0]["in"][s]
+                    assert torch.allclose(calls[1][t]["out"][s], calls[1][t]["in"][s] + r * combined, atol=1e-5)
+                    assert torch.equal(calls[2][t]["out"][s], calls[2][t]["in"][s])
+        handle.remove()
     with pytest.raises(sixbit.config.ConfigError, match="tdc_reuse='scaled'.*tdc_mode='step'"):
         SixBitConfig.preset("tdc_only", tdc_mode="block", tdc_reuse="scaled")
 
