@@ -45,7 +45,9 @@ ATTENTION_CONFIGS = ("full_attn_as_policy", "full_attn_as_fp8", "full_attn_as_po
                      "full_attn_fp8", "fast")
 #: opt-in rows: TDC's attention scope (docs/TDC.md §7)
 SCOPE_CONFIGS = ("tdc_attn", "full_attn")
-ROW_CHOICES = QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS
+#: opt-in rows: a cached Δ per block instead of step mode's combined residual (tdc_store, docs/TDC.md §17)
+STORE_CONFIGS = ("tdc_only_blocks", "full_blocks")
+ROW_CHOICES = QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)

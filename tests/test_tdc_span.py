@@ -143,3 +143,18 @@ def test_span_store_needs_step_mode_and_block_scope():
     assert tdc.live_span(SixBitConfig(tdc_tail=1), 30) == (1, 28) and tdc.live_span(SixBitConfig(tdc_tail=29), 30) is None
     assert not tdc.uses_span(SixBitConfig.preset("tdc_attn"), 20) and not tdc.uses_span(SixBitConfig(tdc=False), 50)
     assert tdc.uses_span(SixBitConfig(), 50) and not tdc.uses_span(SixBitConfig(), 20)  # quadratic / magnitude
+
+
+def test_the_full_method_on_the_span_routes_and_returns_what_it_does_with_a_delta_per_block():
+    """DMPQ + PDR + 8-bit attention by policy read Γ and the outlier counts, never a block's kept delta: with the
+    span the full method takes the same routes and returns the same latents to fp32 rounding."""
+    outs, modes = {}, {}
+    for store in ("blocks", "span"):
+        pipe = tiny_cogvideox_pipeline(seed=0, num_layers=4)
+        h = sixbit.apply(pipe, SixBitConfig.preset("full", policy=None, **SKIP_AFTER_3, tdc_reuse="quadratic",
+                                                   tdc_store=store))
+        outs[store] = generate(pipe, num_inference_steps=8)
+        steps = h.trace.to_dict()["steps"]
+        modes[store] = [([b["mode"] for b in s["blocks"]], s["routes"]) for s in steps]
+    assert modes["span"] == modes["blocks"]
+    torch.testing.assert_close(outs["span"], outs["blocks"], rtol=1e-5, atol=1e-5)
