@@ -142,7 +142,7 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "SCOPES", "STORES", "THRESHOLD_RULES", "uses_span", "live_span", "delta_change_sums", "change_rate", "capped", "decide",
+__all__ = ["MODES", "REUSE", "SCOPES", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "live_span", "delta_change_sums", "change_rate", "capped", "decide",
            "accumulate", "step_skips", "resolve_reuse", "forecast_order", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
@@ -213,11 +213,17 @@ def resolve_reuse(cfg, num_steps: int | None) -> str:
     return "last" if attention else "magnitude"
 
 
+def span_possible(cfg) -> bool:
+    """Whether a run of ``cfg`` may keep the span's residual at some step count: TDC in step mode with block scope,
+    ``tdc_store`` not ``"blocks"`` (:func:`uses_span` decides per step count)."""
+    return cfg.tdc and cfg.tdc_mode == "step" and cfg.tdc_scope == "block" and cfg.tdc_store != "blocks"
+
+
 def uses_span(cfg, num_steps: int | None) -> bool:
     """Whether a run keeps one combined residual for the span instead of a Δ per block (``tdc_store``, module
     docstring): only in step mode with block scope; ``"auto"`` where that computes what per-block deltas would
     (:data:`SPAN_EXACT` reuses)."""
-    if not cfg.tdc or cfg.tdc_mode != "step" or cfg.tdc_scope != "block" or cfg.tdc_store == "blocks":
+    if not span_possible(cfg):
         return False
     return cfg.tdc_store == "span" or resolve_reuse(cfg, num_steps) in SPAN_EXACT
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sixbit import tdc
 from sixbit.routes import FP16, INT8, NVFP4, STATIC, W4A16, W8A8
 
 __all__ = ["ROWS", "Warmup", "plan", "warm", "linear_routes", "attention_routes"]
@@ -96,7 +97,7 @@ def plan(handle) -> list[tuple[str, object]]:
     widths = sorted(set(_stream_widths(handle)))
     keep = cfg.tdc or handle.schedule is not None
     # a block that keeps no delta (no TDC; the span's blocks under tdc_store, sixbit.tdc) writes none: another variant
-    span = keep and cfg.tdc_mode == "step" and cfg.tdc_scope == "block" and cfg.tdc_store != "blocks"
+    span = tdc.span_possible(cfg)
     for w in widths:
         if not keep or span:
             items.append((f"block_stats {w}", _block_stats(w, None, False, cfg.backend)))
