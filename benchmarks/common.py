@@ -53,9 +53,14 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "w8a8_tdc_attn": ("w8a8", dict(tdc=True, tdc_scope="attention")),
                  "full_w8a8_attn": ("full_attn", dict(int8_route="w8a8")),
                  # a delta per block instead of the span's combined residual (tdc_store, docs/TDC.md §17)
-                 "full_blocks": ("full", dict(tdc_store="blocks")),
-                 "fast_blocks": ("fast", dict(tdc_store="blocks")),
-                 "tdc_only_blocks": ("tdc_only", dict(tdc_store="blocks"))}
+                 "full_blocks": ("full", dict(tdc_store="blocks", tdc_regate="off")),
+                 "fast_blocks": ("fast", dict(tdc_store="blocks", tdc_regate="off")),
+                 "tdc_only_blocks": ("tdc_only", dict(tdc_store="blocks", tdc_regate="off")),
+                 # the block's delta instead of its gated pieces where the defaults regate (below 40 steps:
+                 # tdc_regate, docs/TDC.md §18): the defaults of sessions 16-23 there
+                 "tdc_only_noregate": ("tdc_only", dict(tdc_regate="off")),
+                 "full_noregate": ("full", dict(tdc_regate="off")),
+                 "fast_noregate": ("fast", dict(tdc_regate="off"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -80,6 +85,9 @@ LABELS = {
     "full_blocks": "full 6Bit · a cached Δ per block (tdc_store=\"blocks\", before session 23)",
     "fast_blocks": "fast preset · a cached Δ per block (tdc_store=\"blocks\", before session 23)",
     "tdc_only_blocks": "TDC only · a cached Δ per block (tdc_store=\"blocks\", before session 23)",
+    "tdc_only_noregate": "TDC only · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
+    "full_noregate": "full 6Bit · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
+    "fast_noregate": "fast preset · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
 }
 
 #: real CogVideoX transformer configurations (random weights)

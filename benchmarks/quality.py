@@ -47,7 +47,9 @@ ATTENTION_CONFIGS = ("full_attn_as_policy", "full_attn_as_fp8", "full_attn_as_po
 SCOPE_CONFIGS = ("tdc_attn", "full_attn")
 #: opt-in rows: a cached Δ per block instead of step mode's combined residual (tdc_store, docs/TDC.md §17)
 STORE_CONFIGS = ("tdc_only_blocks", "full_blocks")
-ROW_CHOICES = QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS
+#: opt-in rows: the block's Δ instead of its gated pieces where the defaults regate (tdc_regate, docs/TDC.md §18)
+REGATE_CONFIGS = ("tdc_only_noregate", "full_noregate", "fast_noregate")
+ROW_CHOICES = QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS + REGATE_CONFIGS
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)

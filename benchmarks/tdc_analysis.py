@@ -12,6 +12,9 @@ does — and measures the error of the noise prediction ε̂ (relative L1 agains
   from one step compensate each other;
 * ``drift``: the zero-order reuse error after k steps, ‖Δ_b(t−k) − Δ_b(t)‖₁/‖Δ_b(t−k)‖₁, against k × the
   one-step rate — TDC's budget assumes linear drift — and the first-order forecast's error at k;
+* ``regate``: the same reuse error at k = 1, 2 for what each reuse of step mode returns for a block — its last
+  delta (``"last"``), that delta with its size extrapolated (``"magnitude"``), and the block's gated pieces kept
+  at t−k recomposed with step t's own gates (``tdc_regate``, without and with each piece's size extrapolated);
 * ``tdc_run``: where the paper's TDC (preset ``tdc_paper``) skips (per step, per block), the error its
   budget charged at each skipped cell (``acc_err``) against the true reuse error at that cell on the FP32
   trajectory, and the same for step mode (``tdc_mode="step"``, probe threshold 0.2).
@@ -66,11 +69,45 @@ class Blocks:
             h.remove()
 
 
+class Pieces:
+    """Forward hooks recording, per block and call, its gated pieces and its gates (``sixbit.adapters``, the
+    ``tdc_regate`` decomposition: ``Δ = Σ gate ⊙ piece``)."""
+
+    def __init__(self, blocks):
+        from sixbit.adapters import COGVIDEOX
+
+        self.adapter, self.blocks = COGVIDEOX, list(blocks)
+        self.parts: dict = {}
+        self.calls: list[list[tuple]] = []  # per call, per block: (pieces, gates)
+        self.handles = []
+        for b, blk in enumerate(self.blocks):
+            for name in self.adapter.gated_parts:
+                self.handles.append(blk.get_submodule(name).register_forward_hook(partial(self.part, name)))
+            self.handles.append(blk.register_forward_hook(partial(self.block, b), with_kwargs=True))
+
+    def part(self, name, mod, args, out):
+        self.parts[name] = out
+
+    def block(self, b, mod, args, kwargs, out):
+        if b == 0:
+            self.calls.append([])
+        streams = self.adapter.streams_in(mod, args, kwargs)
+        pieces = [p.clone() for p in self.adapter.pieces(self.parts, streams)]
+        self.calls[-1].append((pieces, self.adapter.gates(mod, args, kwargs)))
+        self.parts = {}
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
 def record(pipe, prompt, seed, gen):
-    """The plain run's transformer calls (kwargs, ε) and per step every block's Δ and output."""
+    """The plain run's transformer calls (kwargs, ε), per step every block's Δ and output, and its gated pieces and
+    gates (:class:`Pieces`)."""
     tr = pipe.transformer
     calls, deltas, outs = [], [], []
     hooks = Blocks(tr.transformer_blocks)
+    pieces = Pieces(tr.transformer_blocks)
 
     def pre(mod, args, kwargs):
         calls.append({k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
@@ -86,7 +123,8 @@ def record(pipe, prompt, seed, gen):
     pipe(prompt=prompt, generator=torch.Generator("cpu").manual_seed(seed), output_type="np", **gen)
     for x in h:
         x.remove()
-    return calls, deltas, outs, hooks
+    pieces.remove()
+    return calls, deltas, outs, hooks, pieces.calls
 
 
 def eps_with(pipe, hooks: Blocks, call: dict, replace: dict) -> torch.Tensor:
@@ -139,6 +177,33 @@ def drift(deltas, first: int, kmax: int = 4) -> dict:
     return out
 
 
+def regate_drift(deltas, pieces, first: int, kmax: int = 2) -> dict:
+    """The reuse error at t of what a skipped block returns when its last computed step was t−k (the magnitude
+    forecasts read t−k−1 too): its delta, the delta's size extrapolated, its gated pieces times step t's gates,
+    and those pieces each with its size extrapolated (``sixbit.tdc.forecast``, as the hooks call it)."""
+    from sixbit import tdc
+    from sixbit.adapters import COGVIDEOX as ad
+
+    def regated(ps, gates, like):
+        return ad.recompose([torch.zeros_like(x) for x in like], ps, gates)
+
+    n = len(deltas[0])
+    out = {}
+    for k in range(1, kmax + 1):
+        errs = {"last": [], "magnitude": [], "regate_last": [], "regate_magnitude": []}
+        for t in range(max(first, k + 1), len(deltas)):
+            for b in range(n):
+                dt, d1, d0 = deltas[t][b], deltas[t - k][b], deltas[t - k - 1][b]
+                (p1, _), (p0, _), gates = pieces[t - k][b], pieces[t - k - 1][b], pieces[t][b][1]
+                mag = tdc.forecast(d1, d0, t, t - k, t - k - 1, magnitude=True)
+                pmag = tdc.forecast(p1, p0, t, t - k, t - k - 1, magnitude=True)
+                for key, guess in (("last", d1), ("magnitude", mag), ("regate_last", regated(p1, gates, dt)),
+                                   ("regate_magnitude", regated(pmag, gates, dt))):
+                    errs[key].append(rel(dt, guess))
+        out[k] = {key: float(np.mean(v)) for key, v in errs.items()}
+    return out
+
+
 def tdc_run(pipe, prompt, seed, gen, deltas, cfg) -> dict:
     """Where TDC skipped, and the budget it charged vs the true reuse error on the FP32 trajectory."""
     import sixbit
@@ -176,11 +241,12 @@ def analysis(args) -> dict:
     base = sixbit.SixBitConfig.preset("tdc_paper")
     per_prompt = []
     for p in prompts:
-        calls, deltas, outs, hooks = record(pipe, p, 0, gen)
+        calls, deltas, outs, hooks, pieces = record(pipe, p, 0, gen)
         same = rel([eps_with(pipe, hooks, calls[5], {})], [calls[5]["_eps"]])  # replay = the pipeline's call
         cf = counterfactuals(pipe, calls, deltas, outs, hooks, base.tdc_first, base.tdc_last)
         hooks.remove()
         per_prompt.append({"prompt": p, "replay_err": same, **cf, "drift": drift(deltas, base.tdc_first),
+                           "regate": regate_drift(deltas, pieces, base.tdc_first),
                            "tdc_block": tdc_run(pipe, p, 0, gen, deltas, base),
                            "tdc_step": tdc_run(pipe, p, 0, gen, deltas, base.replace(tdc_mode="step"))})
         print(f"[tdc_analysis] {p}: per-cell block {cf['per_cell']['block_skip_mean']:.4f} "
@@ -225,6 +291,14 @@ def markdown(payload: dict) -> str:
     for k in rows[0]["drift"]:
         md.append(f"| {k} | {_mean(rows, 'drift', k, 'reuse_err'):.4f} | "
                   f"{_mean(rows, 'drift', k, 'linear_drift_pred'):.4f} | {_mean(rows, 'drift', k, 'forecast_err'):.4f} |")
+    md += ["", "What a skipped block returns when its last computed step was k steps back, against its true delta "
+           "(relative L1; mean over blocks, steps, prompts): the delta (`last`), its size extrapolated (`magnitude`), "
+           "its gated pieces recomposed with the skipped step's gates (`tdc_regate`), and with each piece's size "
+           "extrapolated:", "",
+           "| k | last | magnitude | regate + last | regate + magnitude |", "|---|---|---|---|---|"]
+    for k in rows[0]["regate"]:
+        md.append(f"| {k} | " + " | ".join(f"{_mean(rows, 'regate', k, key):.4f}" for key in
+                                          ("last", "magnitude", "regate_last", "regate_magnitude")) + " |")
     for key, title in (("tdc_block", "paper's TDC (tdc_paper)"), ("tdc_step", "step mode, probe 0.2")):
         sf, charged = _mean(rows, key, "skip_fraction"), [r[key]["charged_mean"] for r in rows]
         true = [r[key]["true_reuse_err_mean"] for r in rows]

@@ -73,6 +73,10 @@ VARIANTS = {
     "step_magnitude_tail1": ("tdc_only", {**MAGNITUDE, "tdc_tail": 1}, "tdc_probe_threshold", PROBE_THRESHOLDS),
     # session 23: the 20-step default on the combined residual of the span (tdc_store="span"; docs/TDC.md §17)
     "step_magnitude_span": ("tdc_only", {**MAGNITUDE, "tdc_store": "span"}, "tdc_probe_threshold", PROBE_THRESHOLDS),
+    # session 24: the 20-step default recomposing each skipped block from its gated pieces (tdc_regate; docs/TDC.md §18)
+    "step_magnitude_regate": ("tdc_only", {**MAGNITUDE, "tdc_regate": "on"}, "tdc_probe_threshold", PROBE_THRESHOLDS),
+    "full_step_magnitude_regate": ("full", {**MAGNITUDE, "tdc_regate": "on"}, "tdc_probe_threshold",
+                                   PROBE_THRESHOLDS),
     # the attention scope (§7's step_attn) with the default's probe reference (§16 adds θ 0.12 with --knobs)
     "step_attn_last": ("tdc_only", dict(tdc_mode="step", tdc_scope="attention", tdc_probe_reference="last"),
                        "tdc_probe_threshold", PROBE_THRESHOLDS),
@@ -88,8 +92,9 @@ BLOCK_DEFAULTS = (0.165, 0.4)
 
 
 #: every variant above was measured (sessions 8–13) with the probe compared with the forecast it returns; the
-#: default became the last-delta probe in session 14 (docs/TDC.md §11), so the variants keep what they measured
-MEASURED_WITH = dict(tdc_probe_reference="forecast")
+#: default became the last-delta probe in session 14 (docs/TDC.md §11), so the variants keep what they measured —
+#: and with each block's own delta (``tdc_regate`` came in session 24; the ``*_regate`` variants turn it on)
+MEASURED_WITH = dict(tdc_probe_reference="forecast", tdc_regate="off")
 
 
 def variant_config(variant: str, knob: float):

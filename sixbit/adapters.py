@@ -14,6 +14,15 @@ The engine knows nothing about CogVideoX or Wan; it asks an :class:`Adapter`:
   ``(hidden_states, encoder_hidden_states)``; Wan blocks update one (the text enters cross-attention
   unchanged) and return ``hidden_states``. Stream 0 is always the video-token stream: Γ is measured on it;
   the delta cache and the outlier statistic cover all streams;
+* ``gated_parts`` / ``pieces(outputs, streams)`` / ``gates(block, args, kwargs)`` / ``recompose(...)`` — the
+  block's residual update as a sum of gated pieces, for ``SixBitConfig.tdc_regate`` (``sixbit.tdc``): the outputs
+  of the submodules named in ``gated_parts`` (captured while the block computes) split into pieces, each added to
+  its stream (``piece_streams``) times a gate the block computes from the timestep embedding (or ungated). A
+  CogVideoX block adds ``gate_msa ⊙ attn1`` and ``gate_ff ⊙ ff`` to each of its two streams (four pieces; gates
+  from ``norm1.linear``/``norm2.linear`` on ``silu(temb)``); a Wan block adds ``gate_msa ⊙ attn1``, the ungated
+  cross-attention ``attn2`` and ``c_gate_msa ⊙ ffn`` (gates from ``scale_shift_table + temb``). So
+  ``recompose(streams, pieces(...), gates(...))`` is the block's own output, to rounding
+  (tests/test_tdc_regate.py), and with another step's gates it is what a skip returns;
 * ``cfg``: ``"batched"`` (CogVideoX: cond and uncond in one call under ``cache_context("cond_uncond")``)
   or ``"separate"`` (Wan: one call per branch, ``cache_context("cond")`` / ``("uncond")``). The engine keeps
   state per cache context either way; this field is descriptive (trace, docs).
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +57,16 @@ class Adapter:
     """linears outside the blocks that always stay 16-bit: the model's output projection"""
     self_attention: str = "attn1"
     """the block's self-attention module, the one ``tdc_scope="attention"`` caches (its call's whole output)"""
+    gated_parts: tuple[str, ...] = ()
+    """the block's submodules whose outputs make up its residual update (``tdc_regate``; empty: not supported)"""
+    piece_streams: tuple[int, ...] = ()
+    """the stream each of :meth:`pieces`' pieces adds to"""
+    split_pieces: Callable | None = None
+    """``(outputs by part name, input streams) -> pieces``"""
+    block_gates: Callable | None = None
+    """``(block, temb) -> one gate per piece`` (None: ungated), broadcastable to the piece"""
+    temb_arg: str = "temb"
+    """the block-forward argument the gates are computed from"""
     _arg_index: dict = field(default_factory=dict, repr=False)
 
     def matches(self, transformer: nn.Module) -> bool:
@@ -109,6 +129,29 @@ class Adapter:
             return [output]
         return [output[i] for i in self.output_streams]
 
+    # ------------------------------------------------------------------------------ gated pieces
+    def pieces(self, outputs: dict, streams: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The block's residual update as pieces, from its ``gated_parts``' outputs (``outputs``) and its input
+        streams (the pieces' shapes are their streams')."""
+        missing = [n for n in self.gated_parts if n not in outputs]
+        if missing:
+            raise RuntimeError(f"tdc_regate: the block's {missing} did not report an output (a forward that "
+                               "bypasses the module call)")
+        return self.split_pieces(outputs, streams)
+
+    def gates(self, block: nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
+        """Each piece's gate at this call (the block's modulation of its timestep-embedding argument)."""
+        temb = kwargs[self.temb_arg] if self.temb_arg in kwargs else args[self._index(block)[self.temb_arg]]
+        return self.block_gates(block, temb)
+
+    def recompose(self, streams: list[torch.Tensor], pieces: list[torch.Tensor],
+                  gates: list[torch.Tensor | None]) -> list[torch.Tensor]:
+        """``stream + Σ gate ⊙ piece`` over the pieces of each stream (new tensors)."""
+        out = list(streams)
+        for p, g, i in zip(pieces, gates, self.piece_streams):
+            out[i] = out[i] + p if g is None else out[i].addcmul(p, g.to(p.dtype))
+        return out
+
     def rebuild(self, streams: list[torch.Tensor]):
         if self.output_streams is None:
             return streams[0]
@@ -118,6 +161,35 @@ class Adapter:
         return tuple(out)
 
 
+def _cogvideox_pieces(outputs: dict, streams: list[torch.Tensor]) -> list[torch.Tensor]:
+    a_hs, a_enc = outputs["attn1"]
+    ff, t = outputs["ff"], streams[1].shape[1]  # ff runs on [text; video]
+    return [a_hs, a_enc, ff[:, t:], ff[:, :t]]
+
+
+def _cogvideox_gates(block: nn.Module, temb: torch.Tensor) -> list[torch.Tensor]:
+    """``CogVideoXLayerNormZero``: ``linear(silu(temb))`` = shift, scale, gate, enc_shift, enc_scale, enc_gate."""
+    out = []
+    for norm in (block.norm1, block.norm2):
+        c = norm.linear(norm.silu(temb)).chunk(6, dim=1)
+        out += [c[2][:, None, :], c[5][:, None, :]]
+    return out
+
+
+def _wan_pieces(outputs: dict, streams: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [outputs["attn1"], outputs["attn2"], outputs["ffn"]]
+
+
+def _wan_gates(block: nn.Module, temb: torch.Tensor) -> list[torch.Tensor | None]:
+    """``scale_shift_table + temb`` = shift, scale, gate (attn1), c_shift, c_scale, c_gate (ffn); per token when
+    ``temb`` is 4-d (Wan 2.2 TI2V); the cross-attention is ungated."""
+    if temb.ndim == 4:
+        c = [x.squeeze(2) for x in (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
+    else:
+        c = (block.scale_shift_table + temb.float()).chunk(6, dim=1)
+    return [c[2], None, c[5]]
+
+
 COGVIDEOX = Adapter(
     family="cogvideox",
     transformer_classes=("CogVideoXTransformer3DModel",),
@@ -125,6 +197,10 @@ COGVIDEOX = Adapter(
     stream_args=("hidden_states", "encoder_hidden_states"),
     output_streams=(0, 1),
     cfg="batched",
+    gated_parts=("attn1", "ff"),
+    piece_streams=(0, 1, 0, 1),
+    split_pieces=_cogvideox_pieces,
+    block_gates=_cogvideox_gates,
 )
 
 WAN = Adapter(
@@ -134,6 +210,10 @@ WAN = Adapter(
     stream_args=("hidden_states",),
     output_streams=None,
     cfg="separate",
+    gated_parts=("attn1", "attn2", "ffn"),
+    piece_streams=(0, 0, 0),
+    split_pieces=_wan_pieces,
+    block_gates=_wan_gates,
 )
 
 ADAPTERS = [COGVIDEOX, WAN]

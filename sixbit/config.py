@@ -262,6 +262,18 @@ class SixBitConfig:
         choices=("auto", "span", "blocks"),
         label="TDC store",
     )
+    tdc_regate: str = _f(
+        "auto",
+        "Step mode, block scope, a delta per block: keep each skippable block's update as its gated pieces "
+        "(CogVideoX: the self-attention's and the MLP's outputs per stream before their gates; Wan: self-attention, "
+        "cross-attention, MLP) and recompose a skipped block with the skipped step's own gates, computed from the "
+        "timestep embedding (two tiny GEMMs per block): +1.8 to +2.1 dB at the same skips at 20 steps on "
+        "sixbit-mini (docs/TDC.md §18); twice a delta's memory per block. 'on' = always (then a delta per block "
+        "also where tdc_store='auto' would keep the span); 'off' = the block's delta; 'auto' = on wherever step "
+        "mode keeps a delta per block (tdc_store resolving to 'blocks': the 20-step 'magnitude' default).",
+        choices=("auto", "on", "off"),
+        label="TDC regate",
+    )
     tdc_probe_threshold: float = _f(
         0.2,
         "Step mode: the rest of a step is skipped while the probe block's delta differs from its reference "
@@ -471,6 +483,10 @@ def _validate(cfg: SixBitConfig) -> None:
     if cfg.tdc_store == "span" and (cfg.tdc_mode != "step" or cfg.tdc_scope != "block"):
         raise ConfigError("SixBitConfig.tdc_store='span' keeps one residual for the blocks that skip together: it "
                           f"needs tdc_mode='step' and tdc_scope='block', got {cfg.tdc_mode!r} / {cfg.tdc_scope!r}")
+    if cfg.tdc_regate == "on" and (cfg.tdc_mode != "step" or cfg.tdc_scope != "block" or cfg.tdc_store == "span"):
+        raise ConfigError("SixBitConfig.tdc_regate='on' recomposes each skipped block from its own gated pieces: it "
+                          "needs tdc_mode='step', tdc_scope='block' and a delta per block (tdc_store 'blocks' or "
+                          f"'auto'), got {cfg.tdc_mode!r} / {cfg.tdc_scope!r} / {cfg.tdc_store!r}")
     if cfg.tdc_reuse == "scaled" and cfg.tdc_mode != "step":
         raise ConfigError("SixBitConfig.tdc_reuse='scaled' scales by the probe's magnitude ratio: it needs "
                           f"tdc_mode='step', got {cfg.tdc_mode!r}")

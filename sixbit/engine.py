@@ -35,17 +35,19 @@ import torch
 from diffusers.hooks.hooks import HookRegistry, ModelHook
 from torch import nn
 
-from sixbit import attention, fused, pdr, warmup
+from sixbit import attention, fused, pdr, tdc, warmup
 from sixbit.adapters import Adapter, get_adapter
-from sixbit.config import UNCALIBRATED_TAU, SixBitConfig
+from sixbit.config import UNCALIBRATED_TAU, ConfigError, SixBitConfig
 from sixbit.hooks import (
     ATTENTION_HOOK,
     BLOCK_HOOK,
     DENOISER_HOOK,
+    PART_HOOK,
     AttentionHook,
     BlockHook,
     DenoiserHook,
     Method,
+    PartHook,
     Run,
     Span,
 )
@@ -222,11 +224,20 @@ class SixBitHandle:
         # sets the routes first; sixbit/fused.py)
         fuse = cfg.quantized and cfg.fused_producers and adapter.family == "cogvideox"
         reuse_attention = cfg.tdc_scope == "attention" and cfg.tdc
+        if cfg.tdc_regate == "on" and not adapter.gated_parts:
+            raise ConfigError(f"SixBitConfig.tdc_regate='on': sixbit does not know the gated pieces of "
+                              f"{adapter.family}'s blocks (Adapter.gated_parts); use 'auto' or 'off'")
+        regate = tdc.regate_possible(cfg) and bool(adapter.gated_parts)
         for hook, (bname, block) in zip(self.block_hooks, blocks):
             if fuse and fused.applies(block):
-                self._register(block, fused.FusedProducersHook(cfg.backend, hook if reuse_attention else None),
+                self._register(block, fused.FusedProducersHook(cfg.backend, hook if reuse_attention else None,
+                                                               capture=hook.capture if regate else None),
                                fused.FUSED_HOOK)
             self._register(block, hook, BLOCK_HOOK)
+            if regate:  # tdc_regate: the parts whose outputs make the block's update report them to the block hook
+                for part in adapter.gated_parts:
+                    mod = block.get_submodule(part)
+                    self._register(mod, PartHook(hook, part), PART_HOOK)
             if reuse_attention:  # the self-attention whose output a skipped cell reuses (TDC's attention scope)
                 attn = getattr(block, adapter.self_attention, None)
                 if not isinstance(attn, nn.Module):
@@ -328,7 +339,7 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK, ATTENTION_HOOK):  # outer hooks first
+            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK, ATTENTION_HOOK, PART_HOOK):  # outer hooks first
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)

@@ -71,12 +71,15 @@ def common_form(layers, like: torch.Tensor, rows: int) -> tuple[str, int | None]
 class FusedProducersHook(ModelHook):
     """On one CogVideoX block: the norm producers emit INT8 where the consumers' routes read it."""
 
-    def __init__(self, backend: str, attention=None):
+    def __init__(self, backend: str, attention=None, capture=None):
         super().__init__()
         self.backend = backend
         #: the block hook when ``tdc_scope="attention"`` (``sixbit.hooks.BlockHook.attend`` captures or reuses the
         #: self-attention's output, also on the fused path; a reused attention needs no fused operand)
         self.attention = attention
+        #: ``tdc_regate``: ``capture(part, output)`` (``BlockHook.capture``) for the self-attention's output where the
+        #: fused path computes it without calling the attention module (its ``PartHook`` does not see that call)
+        self.capture = capture
         #: how many producer calls were fused / ran unfused (for tests and the curious)
         self.fused = 0
         self.unfused = 0
@@ -109,6 +112,8 @@ class FusedProducersHook(ModelHook):
             project = lambda: proc.attend_projected(attn, attn.to_q(q), attn.to_k(q), attn.to_v(q), text_len,  # noqa: E731
                                                     image_rotary_emb)
             attn_hs, attn_enc = project() if self.attention is None else self.attention.attend(project)
+            if self.capture is not None:
+                self.capture("attn1", (attn_hs, attn_enc))
         else:
             n_hs, n_enc, gate_msa, enc_gate_msa = block.norm1(hidden_states, encoder_hidden_states, temb)
             attn_hs, attn_enc = attn(hidden_states=n_hs, encoder_hidden_states=n_enc,

@@ -15,6 +15,9 @@ reset by the pipeline's ``maybe_free_model_hooks()`` at the end of every call:
 * :class:`AttentionHook`, on every block's self-attention when ``tdc_scope="attention"``: passes the call
   through, or lets the block hook capture its output or return the cached one instead
   (:meth:`BlockHook.attend`; the cache is the block's, per context, like the deltas).
+* :class:`PartHook`, on each of a block's gated parts (``Adapter.gated_parts``) where ``tdc_regate`` may apply:
+  reports the part's output to the block hook (:meth:`BlockHook.capture`), which keeps the block's update as gated
+  pieces and recomposes a skip with the skipped step's gates (``sixbit.tdc``, ``tdc_regate``).
 
 Both write a :class:`Run` — the trace of the current run, the call in progress, the run's counters — that
 the handle (``sixbit.engine``) reads. The rules are pure functions in the files named after them; the
@@ -58,12 +61,13 @@ if TYPE_CHECKING:
     from sixbit.policy import LinearFit
     from sixbit.trace import Trace
 
-__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "Span", "AttentionHook", "block_stats",
-           "DENOISER_HOOK", "BLOCK_HOOK", "ATTENTION_HOOK"]
+__all__ = ["Run", "Call", "Method", "DenoiserHook", "BlockHook", "BlockState", "Span", "AttentionHook", "PartHook",
+           "block_stats", "DENOISER_HOOK", "BLOCK_HOOK", "ATTENTION_HOOK", "PART_HOOK"]
 
 DENOISER_HOOK = "sixbit_denoiser"
 BLOCK_HOOK = "sixbit_block"
 ATTENTION_HOOK = "sixbit_attention_reuse"
+PART_HOOK = "sixbit_gated_part"
 DEFAULT_CONTEXT = "default"
 
 
@@ -257,6 +261,9 @@ class DenoiserHook(ModelHook):
         if self.span is not None and self.span.method.cfg.tdc and step == 0:  # what the skipped blocks keep
             b = self.span.bounds(run.call)
             run.trace.extra.setdefault("tdc_store", {})[ctx.name] = "blocks" if b is None else f"span {b[0]}-{b[1]}"
+            method = self.span.method
+            run.trace.extra.setdefault("tdc_regate", {})[ctx.name] = bool(
+                method.adapter.gated_parts and tdc.regates(method.cfg, num_steps))
         return args, kwargs
 
     def post_forward(self, module, output):
@@ -302,8 +309,10 @@ class BlockState(BaseState):
         self.reset()
 
     def reset(self, *args, **kwargs) -> None:
-        self.delta: list[torch.Tensor] | None = None  # cached Δ per stream (step mode's probe: its reference)
-        self.prev_delta: list[torch.Tensor] | None = None  # the computed Δ before it (forecasting reuse)
+        # cached Δ per stream (step mode's probe: its reference), or with tdc_regate the block's gated pieces
+        self.delta: list[torch.Tensor] | None = None
+        # the computed Δ before it (forecasting reuse; "magnitude": its sizes only)
+        self.prev_delta: list[torch.Tensor] | None = None
         self.prev_step: int | None = None  # the step of prev_delta
         self.prev2_delta: list[torch.Tensor] | None = None  # and the one before that (tdc_reuse="quadratic")
         self.prev2_step: int | None = None
@@ -345,15 +354,18 @@ class BlockState(BaseState):
         return tdc.forecast(self.attn, self.prev_attn, step, self.last_step, self.prev_step,
                             self.prev2_attn if order > 1 else None, self.prev2_step)
 
-    def keep(self, value: list[torch.Tensor], order: int, attention: bool) -> None:
-        """Store a computed cell's Δ (or attention output), the earlier ones (at ``last_step``, ``prev_step``)
-        shifted back as far as the forecast of ``order`` reads. The steps are shared: a cell keeps one kind."""
+    def keep(self, value: list[torch.Tensor], order: int, attention: bool, sizes_only: bool = False) -> None:
+        """Store a computed cell's Δ (or attention output, or gated pieces), the earlier ones (at ``last_step``,
+        ``prev_step``) shifted back as far as the forecast of ``order`` reads. The steps are shared: a cell keeps
+        one kind. ``sizes_only`` (``tdc_reuse="magnitude"``, which reads only the earlier one's size): the earlier
+        one is kept as its per-tensor sizes (0-d, :func:`sixbit.tdc.l1_size`), not as tensors."""
         cur, prev, prev2 = ("attn", "prev_attn", "prev2_attn") if attention else ("delta", "prev_delta", "prev2_delta")
         if order and getattr(self, cur) is not None:
             if order > 1:
                 setattr(self, prev2, getattr(self, prev))
                 self.prev2_step = self.prev_step
-            setattr(self, prev, getattr(self, cur))
+            held = getattr(self, cur)
+            setattr(self, prev, [tdc.l1_size(t) for t in held] if sizes_only else held)
             self.prev_step = self.last_step
         setattr(self, cur, value)
 
@@ -422,6 +434,7 @@ class BlockHook(ModelHook):
         self.attn_action: str | None = None  # tdc_scope="attention", this forward: "capture", "reuse" or None
         self._attn_ctx: tuple | None = None
         self._attn_linears: set[int] | None = None
+        self._parts: dict | None = None  # tdc_regate: the gated parts' outputs of the forward in progress
 
     def new_forward(self, module, *args, **kwargs):
         call = self.run.call
@@ -430,22 +443,32 @@ class BlockHook(ModelHook):
         st: BlockState = self.state_manager.get_state()
         streams = self.method.adapter.streams_in(module, args, kwargs)
         span = self.span_state(call)
+        regate = self.regates(call)
         if self.attention_scope() and not self.probes():  # what a skip reuses: the attention output
             cached = st.attn is not None and st.attn_shapes == [tuple(s.shape) for s in streams]
+        elif regate:  # the gated pieces, each its stream's shape
+            held = st.delta
+            cached = held is not None and all(p.shape == streams[i].shape
+                                              for p, i in zip(held, self.method.adapter.piece_streams))
         else:
             held = (st if span is None else span).delta
             cached = held is not None and all(d.shape == s.shape for d, s in zip(held, streams))
         if self._skips(call, st, cached):
             if self.attention_scope():
                 return self._attention_reuse(call, st, streams, args, kwargs)
-            return self._reuse(call, st, streams)
+            return self._reuse(call, st, streams, (module, args, kwargs) if regate else None)
         routing, oratio = self._route(call, st, streams)
         for m, r in zip(self.layers, routing.routes):
             m.route = r
         attn = self._route_attention(call, st, routing)
         capture = self.attention_scope() and not self.probes() and self.caches()
-        output = self._forward("capture" if capture else None, st, streams, args, kwargs)
-        decision = self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached)
+        self._parts = {} if regate else None
+        try:
+            output = self._forward("capture" if capture else None, st, streams, args, kwargs)
+            pieces = self.method.adapter.pieces(self._parts, streams) if regate else None
+        finally:
+            self._parts = None
+        decision = self._refresh(call, st, streams, self.method.adapter.streams_out(output), cached, pieces)
         self._record(call, st, routing, oratio, decision)
         self._record_attention(call, attn)
         return output
@@ -464,6 +487,18 @@ class BlockHook(ModelHook):
             self.run.schedule_overrides += 1
             return False
         return skip
+
+    def regates(self, call: Call) -> bool:
+        """This block keeps its update as gated pieces and recomposes its skips with the skipped step's gates
+        (``tdc_regate``): where :func:`sixbit.tdc.regates` says so for the run, the model family has gated pieces,
+        and the block caches (not the probe, whose delta is the decision's reference, nor a tail block)."""
+        return (bool(self.method.adapter.gated_parts) and tdc.regates(self.method.cfg, call.num_steps)
+                and self.caches() and not self.probes())
+
+    def capture(self, name: str, output) -> None:
+        """A gated part's output in the forward in progress (:class:`PartHook`, or the fused forward's own call)."""
+        if self._parts is not None:
+            self._parts[name] = output
 
     def span_state(self, call: Call) -> BlockState | None:
         """The span's state when this block is one of the span's in this call (``tdc_store``), else None."""
@@ -556,13 +591,23 @@ class BlockHook(ModelHook):
         cfg = self.method.cfg
         return cfg.tdc and self.method.schedule is None and self.index >= len(self.run.trace.blocks) - cfg.tdc_tail
 
-    def _reuse(self, call: Call, st: BlockState, streams):
+    def _reuse(self, call: Call, st: BlockState, streams, regate: tuple | None = None):
+        """A skipped block: its input plus the cached Δ or its forecast (the span's first block: the combined
+        residual; the span's other blocks: their input). ``regate`` = (block, args, kwargs) with ``tdc_regate``:
+        the cached gated pieces (or their forecast, each piece on its own) times this step's gates."""
         reuse = tdc.resolve_reuse(self.method.cfg, call.num_steps)
         order = tdc.ORDER.get(reuse, 0)
         span, held = self.span_state(call), st
         if span is not None:  # the span's first block adds the combined residual, the others pass through
             held = span if self.index == self.span.bounds(call)[0] else None
-        if held is None:
+        if regate is not None:
+            adapter = self.method.adapter
+            if reuse == "scaled":
+                pieces = [call.scale * p for p in st.delta]
+            else:
+                pieces = st.reused(call.step, order, magnitude=reuse == "magnitude")
+            out = adapter.recompose(streams, pieces, adapter.gates(*regate))
+        elif held is None:
             out = list(streams)
         elif reuse == "scaled":
             out = [s + call.scale * d for s, d in zip(streams, held.delta)]
@@ -616,7 +661,8 @@ class BlockHook(ModelHook):
         call.rec.attention[self.index] = {"route": "fp8" if "fp8" in ran else "bf16", "pred_err": a.pred_err,
                                           "why": a.why, "emulated": emulated}
 
-    def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool) -> str:
+    def _refresh(self, call: Call, st: BlockState, streams, outs, cached: bool,
+                 pieces: list[torch.Tensor] | None = None) -> str:
         """Measure the computed block (Γ, its delta's change: read now for the probe, whose drift decides this
         step, deferred to the call's end otherwise), update the cache; returns the
         trace's TDC decision of the cell: "compute", a tail block's "tail_compute", or the probe's
@@ -627,14 +673,16 @@ class BlockHook(ModelHook):
         # a span block keeps none (the span keeps the combined residual, below)
         span = self.span_state(call)
         keep = self.caches() and (probe or not self.attention_scope()) and span is None
-        compare = cached and keep
+        # tdc_regate: the block keeps its gated pieces (``pieces``) instead of its delta, and compares nothing
+        keep_delta = keep and pieces is None
+        compare = cached and keep_delta
         order = tdc.forecast_order(cfg, call.num_steps)
         mag = tdc.resolve_reuse(cfg, call.num_steps) == "magnitude"
         # the probe is compared with what the skipped blocks will use (the forecast, when forecasting), or with
         # its last computed delta (tdc_probe_reference="last")
         ref_order = order if cfg.tdc_probe_reference == "forecast" else 0
         ref = (st.reused(call.step, ref_order, magnitude=mag) if probe else st.delta) if compare else None
-        deltas, sums = block_stats(outs, streams, ref, keep, cfg.backend)
+        deltas, sums = block_stats(outs, streams, ref, keep_delta, cfg.backend)
         # block mode's live decisions only: the error of the forecast this refresh replaces, charged to the budget
         # (two more torch passes over the block's streams; step mode's probe decides, a replay reads its schedule)
         forecasted = (compare and order > 0 and not probe and st.prev_delta is not None
@@ -660,9 +708,9 @@ class BlockHook(ModelHook):
         else:  # Γ and the change rate decide at later steps only: read when the call ends (Run.defer)
             self.run.defer(sums, self._resolver(call, st, compare, forecasted))
         if keep:
-            st.keep(deltas, order, attention=False)
+            st.keep(deltas if pieces is None else pieces, order, attention=False, sizes_only=mag)
         if span is not None:
-            self._keep_span(call, span, streams, outs, order)
+            self._keep_span(call, span, streams, outs, order, mag)
         st.acc_err = 0.0
         st.run_skips = 0
         st.last_step = call.step
@@ -670,13 +718,13 @@ class BlockHook(ModelHook):
             return "probe_capped" if capped else "probe_compute"
         return "tail_compute" if self.tail() else "compute"
 
-    def _keep_span(self, call: Call, span: BlockState, streams, outs, order: int) -> None:
+    def _keep_span(self, call: Call, span: BlockState, streams, outs, order: int, mag: bool) -> None:
         """A computed step through the span: its first block holds its input, its last stores ``out − in(first)``."""
         first, last = self.span.bounds(call)
         if self.index == first:
             span.span_input = list(streams)
         if self.index == last and span.span_input is not None:
-            span.keep([o - i for o, i in zip(outs, span.span_input)], order, attention=False)
+            span.keep([o - i for o, i in zip(outs, span.span_input)], order, attention=False, sizes_only=mag)
             span.last_step, span.span_input = call.step, None
 
     def _resolver(self, call: Call, st: BlockState, compare: bool, forecasted: bool) -> Callable[[list[float]], None]:
@@ -724,3 +772,17 @@ class AttentionHook(ModelHook):
 
     def new_forward(self, module, *args, **kwargs):
         return self.block.attend(lambda: self.fn_ref.original_forward(*args, **kwargs))
+
+
+class PartHook(ModelHook):
+    """On one of a block's gated parts (``Adapter.gated_parts``, ``tdc_regate``): reports its output to the block
+    hook (:meth:`BlockHook.capture`, which keeps it only while the block computes a regated cell)."""
+
+    def __init__(self, block: BlockHook, name: str):
+        super().__init__()
+        self.block = block
+        self.name = name
+
+    def post_forward(self, module, output):
+        self.block.capture(self.name, output)
+        return output

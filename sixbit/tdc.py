@@ -76,6 +76,17 @@ Variants (options of the config, recorded in the trace's config and per cell; th
   weights shared by every block), up to rounding; for ``"magnitude"`` it extrapolates R's size instead of each
   block's. Memory: one Δ-sized tensor per stream and kept order instead of one per span block (CogVideoX-2B, 49
   frames, CFG batched: 0.13 GiB instead of 29 × 0.13 GiB per set). ``"auto"`` (the default): :func:`uses_span`.
+* ``tdc_regate`` (step mode, block scope, a Δ per block) — a block's update is a sum of gated pieces,
+  ``Δ_b(t) = Σ_k g_k(t) ⊙ P_k(t)``, the gates ``g_k(t)`` computed from the timestep embedding alone (CogVideoX:
+  ``g_msa ⊙ attn1 + g_ff ⊙ ff`` per stream; Wan: ``g_msa ⊙ attn1 + attn2 + g_ff ⊙ ffn``; ``Adapter.gated_parts``).
+  A plain skip reuses ``g(t′) ⊙ P(t′)``; a regated skip keeps the pieces ``P(t′)`` and multiplies them by the
+  skipped step's own gates ``g(t)`` — exact where only the gates move (on sixbit-mini a reused delta's error one step
+  later falls from 0.116 to 0.090 of its size with ``"magnitude"``, 0.131 plain: tdc_analysis). The forecasts apply to each piece
+  (``"magnitude"``: each piece's own size ratio). Cost of a skip: the gates' two small modulation GEMMs on ``silu(temb)`` and one fused multiply-add per
+  piece. Memory: the pieces are two Δ-sized sets per block (attention and MLP), so with ``"magnitude"`` (which now
+  keeps the earlier set's sizes only, 0-d) a regated block holds what the per-block ``"magnitude"`` held before.
+  ``"auto"`` (the default): on wherever a Δ per block is kept (:func:`regates`: the 20-step ``"magnitude"``
+  default), off on the span; docs/TDC.md §18 has the measurements.
 * ``tdc_scope="attention"`` (step mode) — what a skipped cell reuses: not the block (``in + Δ``) but its
   self-attention's output (PyramidAttentionBroadcast / FasterCache's lever): the block runs on its fresh input,
   its attention call (projections, attention, output projection) returns the output cached at the last computed
@@ -142,7 +153,7 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "SCOPES", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "live_span", "delta_change_sums", "change_rate", "capped", "decide",
+__all__ = ["MODES", "REUSE", "SCOPES", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "regates", "regate_possible", "live_span", "l1_size", "delta_change_sums", "change_rate", "capped", "decide",
            "accumulate", "step_skips", "resolve_reuse", "forecast_order", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
@@ -223,9 +234,23 @@ def uses_span(cfg, num_steps: int | None) -> bool:
     """Whether a run keeps one combined residual for the span instead of a Δ per block (``tdc_store``, module
     docstring): only in step mode with block scope; ``"auto"`` where that computes what per-block deltas would
     (:data:`SPAN_EXACT` reuses)."""
-    if not span_possible(cfg):
+    if not span_possible(cfg) or (cfg.tdc_regate == "on" and cfg.tdc_store == "auto"):
         return False
     return cfg.tdc_store == "span" or resolve_reuse(cfg, num_steps) in SPAN_EXACT
+
+
+def regate_possible(cfg) -> bool:
+    """Whether a run of ``cfg`` may recompose skipped blocks from gated pieces at some step count (:func:`regates`)."""
+    return cfg.tdc and cfg.tdc_mode == "step" and cfg.tdc_scope == "block" and cfg.tdc_regate != "off"
+
+
+def regates(cfg, num_steps: int | None) -> bool:
+    """Whether a run keeps each skippable block's gated pieces and recomposes its skips with the skipped step's gates
+    (``tdc_regate``, module docstring): ``"on"``, or ``"auto"`` wherever step mode with block scope keeps a delta per
+    block (not the span). The model family must have gated pieces (``Adapter.gated_parts``; checked by ``apply``)."""
+    if not regate_possible(cfg):
+        return False
+    return cfg.tdc_regate == "on" or not uses_span(cfg, num_steps)
 
 
 def live_span(cfg, num_blocks: int) -> tuple[int, int] | None:
@@ -281,6 +306,12 @@ def fixed(index: int, num_blocks: int, cfg) -> bool:
 MAGNITUDE_CLAMP = (0.5, 2.0)
 
 
+def l1_size(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's mean |x| (fp32, 0-d) over its finite elements — ``"magnitude"``'s size: a non-finite element stays in
+    its place, it does not poison the stream's ratio (the output is not cleaned). Of a 0-d size: the size itself."""
+    return t.abs().nan_to_num_(nan=0.0, posinf=0.0).mean(dtype=torch.float32)
+
+
 def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: int, last_step: int,
              prev_step: int | None, prev2: list[torch.Tensor] | None = None,
              prev2_step: int | None = None, onto: list[torch.Tensor] | None = None,
@@ -295,10 +326,9 @@ def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: i
     if magnitude:  # Δ₀ · r^s, r = ‖Δ₀‖₁ / ‖Δ₁‖₁ per stream (clamped): the direction is Δ₀'s, only its size moves
         s = (step - last_step) / (last_step - prev_step)
         lo, hi = MAGNITUDE_CLAMP
-        # the sizes over finite elements only: a non-finite element stays in its place, it does not poison the
-        # stream's ratio (the output is not cleaned)
-        size = lambda t: t.abs().nan_to_num_(nan=0.0, posinf=0.0).mean(dtype=torch.float32)  # noqa: E731
-        rs = [(size(d) / size(p).clamp_min(1e-30)).clamp(lo, hi).pow(s).to(d.dtype) for d, p in zip(delta, prev)]
+        # ``prev`` may hold the earlier delta's sizes only (0-d: BlockState.keep's sizes_only; l1_size of a size is
+        # the size itself)
+        rs = [(l1_size(d) / l1_size(p).clamp_min(1e-30)).clamp(lo, hi).pow(s).to(d.dtype) for d, p in zip(delta, prev)]
         return [d * r for d, r in zip(delta, rs)] if onto is None else [x.addcmul(d, r) for x, d, r in zip(onto, delta, rs)]
     if prev2 is None or prev2_step is None or prev2_step >= prev_step:
         s = (step - last_step) / (last_step - prev_step)

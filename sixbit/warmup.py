@@ -96,8 +96,9 @@ def plan(handle) -> list[tuple[str, object]]:
             items.append((f"linear {m.in_features}→{m.out_features} {W4A16}", _linear(m, W4A16)))
     widths = sorted(set(_stream_widths(handle)))
     keep = cfg.tdc or handle.schedule is not None
-    # a block that keeps no delta (no TDC; the span's blocks under tdc_store, sixbit.tdc) writes none: another variant
-    span = tdc.span_possible(cfg)
+    # a block that keeps no delta (no TDC; the span's blocks under tdc_store, regated blocks under tdc_regate,
+    # sixbit.tdc) writes none: another variant
+    span = tdc.span_possible(cfg) or tdc.regate_possible(cfg)
     for w in widths:
         if not keep or span:
             items.append((f"block_stats {w}", _block_stats(w, None, False, cfg.backend)))

@@ -180,8 +180,11 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         warmup.warm(h, force=True)  # the attention alone on layers that hold only W8A8 weights (a bug on the H200)
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), policy=pol) as h:
         assert not any(n.startswith(("linear", "norm_modulate_int8")) for n, _ in warmup.plan(h))
-    with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks"), policy=pol) as h:
+    with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks", tdc_regate="off"), policy=pol) as h:
         assert all(" + " in n for n, _ in warmup.plan(h) if n.startswith("block_stats"))
+    with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks"), policy=pol) as h:  # regated: no Δ
+        stats = [" + " in n for n, _ in warmup.plan(h) if n.startswith("block_stats")]
+        assert True in stats and False in stats
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="apply() compiles on a GPU only")

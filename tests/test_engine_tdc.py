@@ -356,7 +356,7 @@ def test_step_mode_does_not_forecast_for_the_blocks_the_probe_decides_for(monkey
     block, ``tdc_store="blocks"``; the span keeps no per-block delta: no change rate, no forecast either.)"""
     pipe = tiny_cogvideox_pipeline(seed=0)
     cfg = SixBitConfig.preset("tdc_only", **{**STEP, "tdc_probe_threshold": 0.0}, tdc_reuse="quadratic",
-                              tdc_store="blocks")
+                              tdc_store="blocks", tdc_regate="off")
     handle = sixbit.apply(pipe, cfg)
     calls = _capture(pipe.transformer.transformer_blocks[1])
     made = []
@@ -581,7 +581,8 @@ def test_wan_tail_and_cap_keep_each_branch_s_own_count():
 def test_scaled_reuse_multiplies_the_cached_deltas_by_the_probe_magnitude_ratio():
     for store in ("blocks", "span"):
         pipe = tiny_cogvideox_pipeline(seed=0)
-        handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_reuse": "scaled"}, tdc_store=store))
+        handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **{**STEP, "tdc_reuse": "scaled"}, tdc_store=store,
+                                                        tdc_regate="off"))
         blocks = pipe.transformer.transformer_blocks
         calls = [_capture(b) for b in blocks]
         generate(pipe, num_inference_steps=4)

@@ -77,6 +77,19 @@ def test_fuses_only_where_every_consumer_reads_int8(one_thread):
     assert all(torch.equal(g, r) for g, r in zip(got, ref))  # nothing fused: the block's own forward
 
 
+def test_the_fused_path_reports_the_attention_output_it_computes_without_the_module_call(one_thread):
+    """``tdc_regate`` keeps the self-attention's output of a computed block: the fused forward computes it through
+    the processor, not the attention module (whose ``PartHook`` never sees that call), so it reports it itself."""
+    block, new, hook, args = _block()
+    seen, module_out = {}, []
+    hook.capture = lambda name, out: seen.setdefault(name, out)
+    block.attn1.register_forward_hook(lambda m, a, o: module_out.append(o))
+    _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert (hook.fused, hook.unfused) == (2, 0) and set(seen) == {"attn1"}
+    assert len(module_out) == 1  # the unfused reference's call only
+    _close(seen["attn1"], module_out[0])
+
+
 def test_torch_backend_and_outlier_counts_run_todays_path(one_thread):
     block, new, hook, args = _block(backend="torch")
     got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})

@@ -20,6 +20,7 @@ SKIP_AFTER_3 = dict(tdc_mode="step", tdc_probe_threshold=math.inf, tdc_first=3, 
 
 def _run(store: str, reuse: str, steps: int = 6, pipe_fn=tiny_cogvideox_pipeline, **kw):
     pipe = pipe_fn(seed=0, num_layers=4)
+    kw.setdefault("tdc_regate", "off")  # a delta per block (tdc_regate="auto" would keep gated pieces there)
     handle = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **SKIP_AFTER_3, tdc_reuse=reuse, tdc_store=store, **kw))
     out = generate(pipe, num_inference_steps=steps)
     return out, handle
@@ -102,7 +103,8 @@ def test_replayed_step_schedules_use_the_span_and_block_schedules_do_not(tmp_pat
     outs = {}
     for store in ("blocks", "span"):
         pipe = tiny_cogvideox_pipeline(seed=1, num_layers=4)
-        h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_reuse="quadratic", tdc_store=store), schedule=sched)
+        h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_reuse="quadratic", tdc_store=store,
+                                                   tdc_regate="off"), schedule=sched)
         outs[store] = generate(pipe, num_inference_steps=6)
         assert h.trace.to_dict()["summary"]["schedule_overrides"] == 0
         assert h.trace.extra["tdc_store"] == {"cond_uncond": "blocks" if store == "blocks" else "span 1-3"}
@@ -152,7 +154,7 @@ def test_the_full_method_on_the_span_routes_and_returns_what_it_does_with_a_delt
     for store in ("blocks", "span"):
         pipe = tiny_cogvideox_pipeline(seed=0, num_layers=4)
         h = sixbit.apply(pipe, SixBitConfig.preset("full", policy=None, **SKIP_AFTER_3, tdc_reuse="quadratic",
-                                                   tdc_store=store))
+                                                   tdc_store=store, tdc_regate="off"))
         outs[store] = generate(pipe, num_inference_steps=8)
         steps = h.trace.to_dict()["steps"]
         modes[store] = [([b["mode"] for b in s["blocks"]], s["routes"]) for s in steps]
