@@ -146,10 +146,15 @@ class Adapter:
 
     def recompose(self, streams: list[torch.Tensor], pieces: list[torch.Tensor],
                   gates: list[torch.Tensor | None]) -> list[torch.Tensor]:
-        """``stream + Σ gate ⊙ piece`` over the pieces of each stream (new tensors)."""
-        out = list(streams)
+        """``stream + Σ gate ⊙ piece`` over the pieces of each stream (new tensors; the input streams are not
+        written): one pass per piece, the second and later pieces of a stream added in place."""
+        out, own = list(streams), [False] * len(streams)
         for p, g, i in zip(pieces, gates, self.piece_streams):
-            out[i] = out[i] + p if g is None else out[i].addcmul(p, g.to(p.dtype))
+            if g is None:
+                out[i] = out[i].add_(p) if own[i] else out[i] + p
+            else:
+                out[i] = out[i].addcmul_(p, g.to(p.dtype)) if own[i] else out[i].addcmul(p, g.to(p.dtype))
+            own[i] = True
         return out
 
     def rebuild(self, streams: list[torch.Tensor]):

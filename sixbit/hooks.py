@@ -314,6 +314,8 @@ class BlockState(BaseState):
         # the computed Δ before it (forecasting reuse; "magnitude": its sizes only)
         self.prev_delta: list[torch.Tensor] | None = None
         self.prev_step: int | None = None  # the step of prev_delta
+        # "magnitude": the sizes of ``delta`` (tdc.l1_size per tensor, 0-d), measured once when first read (sizes())
+        self.delta_sizes: list[torch.Tensor] | None = None
         self.prev2_delta: list[torch.Tensor] | None = None  # and the one before that (tdc_reuse="quadratic")
         self.prev2_step: int | None = None
         self.gamma: float | None = None  # Γ at the last computed step
@@ -335,7 +337,21 @@ class BlockState(BaseState):
 
     def drop_deltas(self) -> None:
         self.delta = self.prev_delta = self.prev2_delta = self.attn = self.prev_attn = self.prev2_attn = None
-        self.span_input = None
+        self.delta_sizes = self.span_input = None
+
+    def sizes(self) -> list[torch.Tensor]:
+        """The sizes of the held ``delta`` (``"magnitude"``), measured at the first read after it was kept: the skips
+        that reuse one delta and the shift of :meth:`keep` read it once, not one pass over every tensor each."""
+        if self.delta_sizes is None:
+            self.delta_sizes = [tdc.l1_size(t) for t in self.delta]
+        return self.delta_sizes
+
+    def magnitude_ratios(self, step: int) -> list[torch.Tensor] | None:
+        """``"magnitude"``'s factor per held tensor at ``step`` (fp32, 0-d), or None while there is no earlier delta
+        (the held one is reused as it is)."""
+        if self.prev_delta is None or self.prev_step is None or self.prev_step >= self.last_step:
+            return None
+        return tdc.magnitude_ratios(self.delta, self.prev_delta, step, self.last_step, self.prev_step, self.sizes())
 
     def reused(self, step: int, order: int, onto: list[torch.Tensor] | None = None,
                magnitude: bool = False) -> list[torch.Tensor]:
@@ -345,7 +361,8 @@ class BlockState(BaseState):
         if not order:
             return self.delta if onto is None else [x + d for x, d in zip(onto, self.delta)]
         return tdc.forecast(self.delta, self.prev_delta, step, self.last_step, self.prev_step,
-                            self.prev2_delta if order > 1 else None, self.prev2_step, onto=onto, magnitude=magnitude)
+                            self.prev2_delta if order > 1 else None, self.prev2_step, onto=onto, magnitude=magnitude,
+                            sizes=self.sizes() if magnitude else None)
 
     def forecast_attention(self, step: int, order: int) -> list[torch.Tensor]:
         """Attention scope: the cached attention output (order 0) or its forecast at ``step``."""
@@ -365,9 +382,11 @@ class BlockState(BaseState):
                 setattr(self, prev2, getattr(self, prev))
                 self.prev2_step = self.prev_step
             held = getattr(self, cur)
-            setattr(self, prev, [tdc.l1_size(t) for t in held] if sizes_only else held)
+            setattr(self, prev, self.sizes() if sizes_only and not attention else held)
             self.prev_step = self.last_step
         setattr(self, cur, value)
+        if not attention:
+            self.delta_sizes = None
 
 
 class Span:
@@ -602,11 +621,16 @@ class BlockHook(ModelHook):
             held = span if self.index == self.span.bounds(call)[0] else None
         if regate is not None:
             adapter = self.method.adapter
+            gates = adapter.gates(*regate)
             if reuse == "scaled":
                 pieces = [call.scale * p for p in st.delta]
+            elif reuse == "magnitude":  # each piece's size factor folded into its (small) gate: no scaled copy
+                pieces, ratios = st.delta, st.magnitude_ratios(call.step)
+                if ratios is not None:
+                    gates = [r if g is None else g.float() * r for g, r in zip(gates, ratios)]
             else:
-                pieces = st.reused(call.step, order, magnitude=reuse == "magnitude")
-            out = adapter.recompose(streams, pieces, adapter.gates(*regate))
+                pieces = st.reused(call.step, order)
+            out = adapter.recompose(streams, pieces, gates)
         elif held is None:
             out = list(streams)
         elif reuse == "scaled":

@@ -82,8 +82,9 @@ Variants (options of the config, recorded in the trace's config and per cell; th
   A plain skip reuses ``g(t′) ⊙ P(t′)``; a regated skip keeps the pieces ``P(t′)`` and multiplies them by the
   skipped step's own gates ``g(t)`` — exact where only the gates move (on sixbit-mini a reused delta's error one step
   later falls from 0.116 to 0.090 of its size with ``"magnitude"``, 0.131 plain: tdc_analysis). The forecasts apply to each piece
-  (``"magnitude"``: each piece's own size ratio). Cost of a skip: the gates' two small modulation GEMMs on ``silu(temb)`` and one fused multiply-add per
-  piece. Memory: the pieces are two Δ-sized sets per block (attention and MLP), so with ``"magnitude"`` (which now
+  (``"magnitude"``: each piece's own size ratio, folded into the piece's small gate). Cost of a skip: the gates' two
+  small modulation GEMMs on ``silu(temb)`` and one fused multiply-add per piece (a stream's later pieces in place);
+  a held tensor's size is measured once, by the first skip that reads it (``BlockState.sizes``). Memory: the pieces are two Δ-sized sets per block (attention and MLP), so with ``"magnitude"`` (which now
   keeps the earlier set's sizes only, 0-d) a regated block holds what the per-block ``"magnitude"`` held before.
   ``"auto"`` (the default): on wherever a Δ per block is kept (:func:`regates`: the 20-step ``"magnitude"``
   default), off on the span; docs/TDC.md §18 has the measurements.
@@ -153,7 +154,7 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "SCOPES", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "regates", "regate_possible", "live_span", "l1_size", "delta_change_sums", "change_rate", "capped", "decide",
+__all__ = ["MODES", "REUSE", "SCOPES", "magnitude_ratios", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "regates", "regate_possible", "live_span", "l1_size", "delta_change_sums", "change_rate", "capped", "decide",
            "accumulate", "step_skips", "resolve_reuse", "forecast_order", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
@@ -312,23 +313,32 @@ def l1_size(t: torch.Tensor) -> torch.Tensor:
     return t.abs().nan_to_num_(nan=0.0, posinf=0.0).mean(dtype=torch.float32)
 
 
+def magnitude_ratios(delta: list[torch.Tensor], prev: list[torch.Tensor], step: int, last_step: int, prev_step: int,
+                     sizes: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """``"magnitude"``'s factor per stream at ``step`` (fp32, 0-d): ``r^s`` with ``r = ‖Δ₀‖₁ / ‖Δ₁‖₁`` clamped to
+    :data:`MAGNITUDE_CLAMP`, ``s`` the steps since ``last_step`` in units of the last gap. ``prev`` may hold the earlier
+    delta's sizes only (0-d: ``BlockState.keep``'s ``sizes_only``; the size of a size is the size itself); ``sizes``:
+    ``delta``'s sizes where the caller keeps them (a skip then reads no tensor: ``BlockState.sizes``)."""
+    s = (step - last_step) / (last_step - prev_step)
+    lo, hi = MAGNITUDE_CLAMP
+    sizes = [l1_size(d) for d in delta] if sizes is None else sizes
+    return [(a / l1_size(p).clamp_min(1e-30)).clamp(lo, hi).pow(s) for a, p in zip(sizes, prev)]
+
+
 def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: int, last_step: int,
              prev_step: int | None, prev2: list[torch.Tensor] | None = None,
              prev2_step: int | None = None, onto: list[torch.Tensor] | None = None,
-             magnitude: bool = False) -> list[torch.Tensor]:
+             magnitude: bool = False, sizes: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Δ̂ at ``step`` per stream, extrapolated from ``delta`` (computed at ``last_step``), ``prev`` (at
     ``prev_step``) and, for the second order, ``prev2`` (at ``prev2_step``): the module docstring's Newton form,
     evaluated as its Lagrange weights (``w₀Δ₀ + w₁Δ₁ + w₂Δ₂``: three fused multiply-adds per stream, no
     temporaries); first order without ``prev2``, ``delta`` itself while there is no earlier delta. ``onto``: the
-    streams the forecast is added to (a skipped block's input) — for the second order within the same passes."""
+    streams the forecast is added to (a skipped block's input) — for the second order within the same passes.
+    ``sizes``: ``delta``'s :func:`l1_size` per stream where the caller keeps them (``magnitude``; else measured)."""
     if prev is None or prev_step is None or prev_step >= last_step:
         return delta if onto is None else [x + d for x, d in zip(onto, delta)]
     if magnitude:  # Δ₀ · r^s, r = ‖Δ₀‖₁ / ‖Δ₁‖₁ per stream (clamped): the direction is Δ₀'s, only its size moves
-        s = (step - last_step) / (last_step - prev_step)
-        lo, hi = MAGNITUDE_CLAMP
-        # ``prev`` may hold the earlier delta's sizes only (0-d: BlockState.keep's sizes_only; l1_size of a size is
-        # the size itself)
-        rs = [(l1_size(d) / l1_size(p).clamp_min(1e-30)).clamp(lo, hi).pow(s).to(d.dtype) for d, p in zip(delta, prev)]
+        rs = [r.to(d.dtype) for d, r in zip(delta, magnitude_ratios(delta, prev, step, last_step, prev_step, sizes))]
         return [d * r for d, r in zip(delta, rs)] if onto is None else [x.addcmul(d, r) for x, d, r in zip(onto, delta, rs)]
     if prev2 is None or prev2_step is None or prev2_step >= prev_step:
         s = (step - last_step) / (last_step - prev_step)

@@ -91,8 +91,10 @@ def test_recomposing_the_pieces_with_their_own_gates_is_the_block_s_output_cogvi
         streams = adapter.streams_in(block, args, kw)
         assert len(pieces) == len(adapter.piece_streams) and len(probe) == len(streams)
         assert all(p.shape == streams[i].shape for p, i in zip(pieces, adapter.piece_streams))
+        before = [s.clone() for s in streams]
         back = adapter.recompose(streams, pieces, adapter.gates(block, args, kw))
         torch.testing.assert_close(adapter.rebuild(back), out, rtol=1e-5, atol=1e-5)
+        assert all(torch.equal(s, b) for s, b in zip(streams, before))  # later pieces add in place: not the input
         assert h.trace.extra["tdc_regate"] == ({"cond_uncond": True} if adapter is COGVIDEOX
                                                else {"cond": True, "uncond": True})
 
@@ -155,6 +157,27 @@ def test_memory_pieces_per_block_sizes_for_the_magnitude_history_freed_at_the_en
         assert len(delta) == (4 if regate == "on" else 2) and all(d.dim() == 3 for d in delta)
         assert len(prev) == len(delta) and all(p.dim() == 0 and p.dtype == torch.float32 for p in prev)
         assert seen["end"] == [None] * 3
+
+
+@pytest.mark.parametrize("regate", ["on", "off"])
+def test_magnitude_measures_each_kept_tensor_once_however_many_skips_reuse_it(regate, monkeypatch):
+    """``"magnitude"``'s size of a held delta (or piece) is measured once — by the first skip that reads it, and kept
+    for the next computed step's shift — not again at every skip: three skips reuse step 2's pieces here; each
+    tensor ever measured is measured once, and the skips' outputs are those of the formula (the first test)."""
+    measured, l1 = [], tdc.l1_size
+
+    def spy(t):
+        if t.dim():
+            measured.append(t)  # held: no id is reused while the list lives
+        return l1(t)
+
+    monkeypatch.setattr(tdc, "l1_size", spy)
+    pipe = tiny_cogvideox_pipeline(seed=0, num_layers=4)
+    h = sixbit.apply(pipe, SixBitConfig.preset("tdc_only", **SKIP_AFTER_3, tdc_reuse="magnitude",
+                                               tdc_store="blocks", tdc_regate=regate))
+    generate(pipe, num_inference_steps=7)
+    assert [s["blocks"][2]["tdc"] for s in h.trace.to_dict()["steps"]][3:6] == ["forecast"] * 3
+    assert measured and len({id(t) for t in measured}) == len(measured)
 
 
 def test_auto_regates_where_step_mode_keeps_a_delta_per_block_and_not_on_the_span():
