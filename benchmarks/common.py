@@ -60,7 +60,9 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  # tdc_regate, docs/TDC.md §18): the defaults of sessions 16-23 there
                  "tdc_only_noregate": ("tdc_only", dict(tdc_regate="off")),
                  "full_noregate": ("full", dict(tdc_regate="off")),
-                 "fast_noregate": ("fast", dict(tdc_regate="off"))}
+                 "fast_noregate": ("fast", dict(tdc_regate="off")),
+                 # step 0 at INT8, no full-precision warm-up steps: the defaults up to session 26 (warmup_steps)
+                 "full_nowarmup": ("full", dict(warmup_steps=0))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -88,6 +90,7 @@ LABELS = {
     "tdc_only_noregate": "TDC only · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
     "full_noregate": "full 6Bit · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
     "fast_noregate": "fast preset · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
+    "full_nowarmup": "full 6Bit · no full-precision warm-up steps (warmup_steps=0, before session 27)",
 }
 
 #: real CogVideoX transformer configurations (random weights)

@@ -86,15 +86,25 @@ def quality_markdown(payload: dict) -> str:
 # ------------------------------------------------------------------------------------------ speed + chart
 
 
-def estimate(row: dict, fam: dict, steps: int) -> dict[str, Any]:
+def warmup_steps(row: dict) -> int:
+    """A sixbit row's full-precision warm-up steps, as its sixbit-mini run was configured (0 for peers and for runs
+    before the field was recorded)."""
+    cfg = ((row.get("schedule") or {}).get("source") or {}).get("config") or {}
+    return int(cfg.get("warmup_steps") or 0)
+
+
+def estimate(row: dict, fam: dict, steps: int, t_warm: float | None = None) -> dict[str, Any]:
     """The transfer protocol (see benchmarks/peers_speed.py): a step costs the family's all-computed step time
     minus, per unit the row did not compute on sixbit-mini (at the same relative step), the family's measured
-    saving per skipped unit."""
+    saving per skipped unit. A sixbit row's warm-up steps (16-bit activations, bf16 attention; its family is
+    timed without them) cost ``t_warm``, the baseline's step, where given."""
     from benchmarks.peers_speed import resample
 
     pattern = resample(row.get("per_step_computed") or [1.0] * steps, steps)
     units = fam["units_full"]
     t = [fam["t_full_s"] - fam["saving_per_unit_s"] * units * (1.0 - c) for c in pattern]
+    if t_warm is not None:
+        t = [t_warm if i < warmup_steps(row) else x for i, x in enumerate(t)]
     return {"denoise_s": sum(t), "step_s": t}
 
 
@@ -130,8 +140,8 @@ def speed_rows(quality: dict, speed: dict, size: str = "2b") -> dict[str, dict]:
         fam = fams.get(r.get("family"))
         if not fam or "error" in fam or (r.get("gpu_only") and ROWS[name].caching and not r["per_step_computed"]):
             continue
-        est = estimate(r, fam, steps)
         t_base = model.get("baselines", {}).get(fam.get("source"), base)["t_full_s"]
+        est = estimate(r, fam, steps, t_warm=t_base)
         out[name] = {**est, "speedup": t_base * steps / est["denoise_s"], "label": r.get("label", name),
                      "gpu_only": bool(r.get("gpu_only")), "peak_mem_bytes": fam.get("peak_mem_bytes"),
                      "weight_bytes": fam.get("weight_bytes")}

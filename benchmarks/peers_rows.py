@@ -433,6 +433,8 @@ def sixbit_row(preset: str, **overrides):
 
         cfg = sixbit.SixBitConfig.preset(preset, **overrides)
         sched = None
+        if ctx.mode is not None:  # forced unit costs: the method's computed step (the report prices warm-up steps)
+            cfg = cfg.replace(warmup_steps=0)
         if ctx.mode is not None and ctx.loop_steps and cfg.tdc_reuse == "auto":
             from sixbit.tdc import resolve_reuse
 

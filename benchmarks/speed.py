@@ -56,7 +56,9 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
                  # the same with a cached Δ per block instead of the span's residual (tdc_store="blocks")
                  "full_blocks", "fast_blocks", "tdc_only_blocks",
                  # the block's delta instead of its gated pieces (tdc_regate="off"; the defaults regate below 40 steps)
-                 "tdc_only_noregate", "full_noregate", "fast_noregate")
+                 "tdc_only_noregate", "full_noregate", "fast_noregate",
+                 # the full method without its two full-precision warm-up steps (warmup_steps=0)
+                 "full_nowarmup")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
 #: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
 #: from that engineering's

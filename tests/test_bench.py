@@ -23,6 +23,7 @@ def out(tmp_path_factory):
 def test_quality_smoke_on_sixbit_mini(out, one_thread):
     quality.main(["--prompts", "1", "--seeds", "1", "--steps", "6", "--configs", "fp16", "w4a4", "full",
                 "dmpq_tdc", "full_same_skips", "--pdr-rho", "0", "--tdc-threshold", "10", "--tdc-budget", "10",
+                  "--warmup-steps", "0",
                 "--out", str(out), "--name", "q"])
     data = json.loads((out / "q.json").read_text())
     md = (out / "q.md").read_text()
@@ -168,22 +169,24 @@ def test_speed_replays_the_attention_routes(out, one_thread):
     the *_bf16attn rows keep bf16; the table has the column and apply's compile time (CPU: none)."""
     from sixbit.tdc import SkipSchedule
 
-    n_steps, n_blocks = 3, 3  # the tiny size's depth: no resampling
-    sched = SkipSchedule(n_blocks, n_steps, {"cond_uncond": [[True] * 3, [True, False, False], [True] * 3]},
-                         {"model": "test"}, {"cond_uncond": [["nn"] * 3, ["ii", "", ""], ["ff", "nn", "nn"]]},
-                         {"cond_uncond": ["888", "b--", "b8b"]})
+    # the tiny size's depth: no resampling; steps 0-1 are the presets' full-precision warm-up (bf16 attention)
+    n_steps, n_blocks = 5, 3
+    sched = SkipSchedule(n_blocks, n_steps, {"cond_uncond": [[True] * 3] * 3 + [[True, False, False], [True] * 3]},
+                         {"model": "test"},
+                         {"cond_uncond": [["ff"] * 3, ["ff"] * 3, ["nn"] * 3, ["ii", "", ""], ["ff", "nn", "nn"]]},
+                         {"cond_uncond": ["bbb", "bbb", "888", "b--", "b8b"]})
     path = sched.save(out / "att_sched.json")
-    assert SkipSchedule.load(path).attention_fp8_fraction == pytest.approx(4 / 7)
+    assert SkipSchedule.load(path).attention_fp8_fraction == pytest.approx(4 / 13)
     speed.main(["--sizes", "tiny", "--steps", str(n_steps), "--frames", "9", "--height", "32", "--width", "32",
                 "--configs", "full", "full_bf16attn", "--warmup-steps", "1", "--schedule", str(path),
                 "--device", "cpu", "--out", str(out), "--name", "sa"])
     data = json.loads((out / "sa.json").read_text())
     cfgs = data["models"]["tiny"]["configs"]
     assert "error" not in cfgs["full"], cfgs["full"].get("error")
-    assert cfgs["full"]["attention_fp8"] == pytest.approx(4 / 7) and cfgs["full_bf16attn"]["attention_fp8"] == 0
+    assert cfgs["full"]["attention_fp8"] == pytest.approx(4 / 13) and cfgs["full_bf16attn"]["attention_fp8"] == 0
     assert cfgs["full"]["kernels_compiled_s"] is None  # CPU: apply compiles nothing
     md = (out / "sa.md").read_text()
-    assert "| 8-bit attn |" in md and f"{4 / 7:.0%} of the computed block evaluations 8-bit" in md
+    assert "| 8-bit attn |" in md and f"{4 / 13:.0%} of the computed block evaluations 8-bit" in md
 
 
 def test_speed_row_schedules(out, one_thread):
@@ -224,7 +227,8 @@ def test_tdc_probe_records_the_probe_drift_per_route(out, one_thread):
     tdc_probe.main(["--steps", "4", "--rows", "full", "full:tdc_probe_route=policy", "--out", str(out), "--name", "tp"])
     data = json.loads((out / "tp.json").read_text())
     fp, pol = data["rows"]
-    assert [s["mode"] for s in fp["steps"][1:]] == ["probe"] * 3  # after the warm-up step: the probe's own route
+    # after the two full-precision warm-up steps (the default): the probe's own route
+    assert [s["mode"] for s in fp["steps"]] == ["warmup"] * 2 + ["probe"] * 2
     assert "probe" not in {s["mode"] for s in pol["steps"]}
     assert all(s["drift"] is not None for s in fp["steps"][1:]) and fp["steps"][0]["drift"] is None
     assert "| `full:tdc_probe_route=policy` |" in (out / "tp.md").read_text()

@@ -46,15 +46,16 @@ def test_calibrate_writes_a_policy_that_loads_back_and_drives_routing(tmp_path):
     assert taus == sorted(taus, reverse=True) and policy.tau == pytest.approx(policy.tau_for_bits(6.0))
 
     # PDR's ρ: the 95th percentile of the block-input outlier ratios at the steps PDR checks with the default
-    # config (t >= 1 and tdc_first <= t+1 < steps - tdc_last: t = 1, 2), 3 blocks x 2 prompts
-    assert policy.pdr_n == 2 * 3 * 2 and policy.pdr_k_sigma == SixBitConfig().pdr_k_sigma
+    # config (past its 2 warm-up steps and tdc_first <= t+1 < steps - tdc_last: t = 2), 3 blocks x 2 prompts
+    assert policy.pdr_n == 1 * 3 * 2 and policy.pdr_k_sigma == SixBitConfig().pdr_k_sigma
     assert policy.pdr_rho == report["pdr_ratio_quantiles"]["0.95"] and 0.0 <= policy.pdr_rho <= 1.0
     assert report["pdr_ratio_quantiles"]["0.05"] <= policy.pdr_rho <= report["pdr_ratio_quantiles"]["0.99"]
 
     path = policy.save(tmp_path / "policy.json")
     loaded = Policy.load(path)
     assert loaded.to_dict() == json.loads(path.read_text())
-    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=str(path), target_bits=6.0))  # τ = policy.tau
+    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=str(path), target_bits=6.0,
+                                                   warmup_steps=0))  # τ = policy.tau
     generate(pipe)
     d = handle.trace.to_dict()
     assert d["config"]["policy_resolved"].startswith("calibrated")
@@ -73,7 +74,7 @@ def test_calibrate_cli(tmp_path, capsys, monkeypatch):
     prompts.write_text("# calibration prompts\nred circle\n\ngreen triangle\n")
     assert read_prompts(prompts) == ["red circle", "green triangle"]
     out = tmp_path / "out" / "policy.json"
-    rc = main(["--model", str(folder), "--prompts", str(prompts), "--out", str(out), "--steps", "4",
+    rc = main(["--model", str(folder), "--prompts", str(prompts), "--out", str(out), "--steps", "5",
                "--frames", "9", "--height", "32", "--width", "32", "--device", "cpu", "--target-bits", "5.5"])
     assert rc == 0
     pol = Policy.load(out)

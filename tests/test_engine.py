@@ -116,7 +116,7 @@ def test_trace_schema_and_counts(pipe):
 
 def test_dmpq_routes_follow_the_policy_rule(pipe):
     # uncalibrated: E = Γ; choose τ between the blocks' Γ values so both routes occur
-    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=None, tau=0.047))
+    handle = sixbit.apply(pipe, SixBitConfig.preset("dmpq_only", policy=None, tau=0.047, warmup_steps=0))
     generate(pipe)
     d = handle.trace.to_dict()
     seen = set()
@@ -134,7 +134,8 @@ def test_dmpq_routes_follow_the_policy_rule(pipe):
 def test_nvfp4_decisions_run_w8a8_where_the_fast_preset_says(pipe):
     # the same decisions as the test above; nvfp4_route="auto" with INT8 weights resident on a device
     # without FP4 tensor cores (the CPU) runs every NVFP4 decision on the W8A8 kernels, and says so
-    cfg = SixBitConfig.preset("dmpq_only", policy=None, tau=0.047, int8_route="w8a8", nvfp4_route="auto")
+    cfg = SixBitConfig.preset("dmpq_only", policy=None, tau=0.047, int8_route="w8a8", nvfp4_route="auto",
+                              warmup_steps=0)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe)
     d = handle.trace.to_dict()

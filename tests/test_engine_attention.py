@@ -112,7 +112,7 @@ def test_attention_after_skip_puts_the_step_after_a_skip_on_8bit(pipe, after, wh
 
 
 def test_threshold_target_and_policy_without_fits_choose_bf16(pipe):
-    cfg = SixBitConfig(tdc=False, pdr=False)
+    cfg = SixBitConfig(tdc=False, pdr=False, warmup_steps=0)
     with sixbit.apply(pipe, cfg, policy=_policy(pipe, tau_attn=0.001)) as h:  # E 0.01 > τ 0.001
         generate(pipe, num_inference_steps=3)
         assert h.trace.summary()["attention_counts"]["fp8"] == 0

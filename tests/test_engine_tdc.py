@@ -93,7 +93,7 @@ def test_first_and_last_steps_never_skip_and_threshold_blocks_skipping():
 
 def test_pdr_fires_on_injected_outliers_not_on_clean_input():
     # the tiny model is 32 wide: no element can exceed sqrt(32) = 5.7 token RMS, so k_σ = 4 here
-    cfg = SixBitConfig.preset("full", policy=None, pdr_rho=1e-3, pdr_k_sigma=4.0,
+    cfg = SixBitConfig.preset("full", policy=None, warmup_steps=0, pdr_rho=1e-3, pdr_k_sigma=4.0,
                               **{**FORCE, "tdc_threshold": 0.0})
     # clean: the random model's block inputs have no 4σ outliers
     pipe = tiny_cogvideox_pipeline(seed=0)
@@ -132,7 +132,7 @@ def test_pdr_fires_on_injected_outliers_not_on_clean_input():
 
 def test_first_computed_step_after_a_skip_uses_int8():
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, tau=1.0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8,
+    cfg = SixBitConfig.preset("dmpq_tdc", policy=None, warmup_steps=0, tau=1.0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8,
                               tdc_first=0, tdc_last=0)
     handle = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=10)
@@ -150,7 +150,7 @@ def test_first_computed_step_after_a_skip_uses_int8():
 
 
 def test_skip_schedule_record_and_replay_and_resample(tmp_path):
-    cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
+    cfg = SixBitConfig.preset("balanced", policy=None, warmup_steps=0, tdc_mode="block", tdc_threshold=math.inf, tdc_budget=0.8, tdc_first=1)
     pipe = tiny_cogvideox_pipeline(seed=0)
     h = sixbit.apply(pipe, cfg)
     generate(pipe, num_inference_steps=8)
@@ -160,7 +160,7 @@ def test_skip_schedule_record_and_replay_and_resample(tmp_path):
 
     # replay on a different model (other seed, other depth): the pattern is imposed, not decided
     other = tiny_cogvideox_pipeline(seed=5, num_layers=5)
-    replay_cfg = SixBitConfig.preset("balanced", policy=None, tdc_mode="block", tdc_threshold=0.0)  # TDC alone would never skip
+    replay_cfg = SixBitConfig.preset("balanced", policy=None, warmup_steps=0, tdc_mode="block", tdc_threshold=0.0)  # TDC alone would never skip
     h2 = sixbit.apply(other, replay_cfg, schedule=path)
     calls = []
     h2.reduce_stats = lambda t: (calls.append(t.numel()), t)[1]
@@ -453,7 +453,7 @@ def test_linear_reuse_returns_input_plus_the_first_order_forecast():
                                               ("step", "last", {"tdc_threshold_rule": "profile"})])
 def test_variants_with_dmpq_and_pdr_route_after_skip_and_never_purify_the_probe(mode, reuse, extra):
     pipe = tiny_cogvideox_pipeline(seed=0)
-    cfg = SixBitConfig.preset("full", policy=None, tau=1.0, pdr_rho=0.0, pdr_k_sigma=1.0, tdc_mode=mode, tdc_reuse=reuse,
+    cfg = SixBitConfig.preset("full", policy=None, warmup_steps=0, tau=1.0, pdr_rho=0.0, pdr_k_sigma=1.0, tdc_mode=mode, tdc_reuse=reuse,
                               tdc_threshold=math.inf, tdc_budget=0.8, tdc_probe_threshold=math.inf,
                               tdc_first=2, tdc_last=1, **extra)
     handle = sixbit.apply(pipe, cfg)
@@ -645,7 +645,7 @@ def test_deferred_statistics_reads_change_nothing(monkeypatch, preset, fields, f
         if immediate:
             monkeypatch.setattr(Run, "defer", lambda self, stats, resolve: resolve(self.read(stats)))
         pipe = (tiny_cogvideox_pipeline if family == "cogvideox" else tiny_wan_pipeline)(seed=0)
-        h = sixbit.apply(pipe, SixBitConfig.preset(preset, policy=None, **fields))
+        h = sixbit.apply(pipe, SixBitConfig.preset(preset, policy=None, warmup_steps=0, **fields))
         out = generate(pipe, num_inference_steps=8)
         monkeypatch.undo()
         return out, h.trace.to_dict()

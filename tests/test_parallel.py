@@ -52,7 +52,7 @@ def _config(mode: str, name: str) -> SixBitConfig:
     if name == "tdc_step":
         return SixBitConfig.preset("tdc_only", tdc_first=1, tdc_probe_threshold=math.inf)
     backend = {"full_triton": "triton"}.get(name, "auto")  # the Triton kernels (interpreter on the CPU)
-    return SixBitConfig.preset("balanced", policy=None, tau=tau, pdr_k_sigma=2.5, pdr_rho=rho, backend=backend, **tdc)
+    return SixBitConfig.preset("balanced", policy=None, warmup_steps=0, tau=tau, pdr_k_sigma=2.5, pdr_rho=rho, backend=backend, **tdc)
 
 
 def _decisions(trace: dict) -> list:

@@ -168,6 +168,12 @@ def test_transfer_protocol_arithmetic():
     rows = speed_rows(q, sp)
     assert rows["x"]["speedup"] == pytest.approx(10.0 / (10 * (1.1 - 0.3)))
     assert rows["baseline"]["speedup"] == pytest.approx(1.0)
+    # a sixbit row's warm-up steps (recorded in its schedule's config) cost the baseline's step, not its family's
+    warm = {"per_step_computed": [1.0, 0.5], "schedule": {"source": {"config": {"warmup_steps": 1}}}}
+    assert estimate(warm, fam, 4, t_warm=2.0)["step_s"] == pytest.approx([2.0, 1.0, 0.7, 0.7])
+    assert estimate(warm, fam, 4)["step_s"] == pytest.approx([1.0, 1.0, 0.7, 0.7])
+    q["rows"]["x"] |= {"schedule": {"source": {"config": {"warmup_steps": 2}}}}
+    assert speed_rows(q, sp)["x"]["speedup"] == pytest.approx(10.0 / (2 * 1.0 + 8 * (1.1 - 0.3)))
 
 
 def test_quality_markdown_names_rows_and_failures():

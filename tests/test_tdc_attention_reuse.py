@@ -15,7 +15,7 @@ from sixbit.testing import generate, tiny_cogvideox_pipeline, tiny_wan_pipeline
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: every step after the probe's first reference skips (steps 0 and 1 compute with tdc_first=2)
-FORCE = dict(tdc_probe_threshold=math.inf, tdc_first=0, tdc_last=0)
+FORCE = dict(tdc_probe_threshold=math.inf, tdc_first=0, tdc_last=0, warmup_steps=0)
 
 
 def _record(module, calls: list, clone_in: bool = False):
