@@ -104,7 +104,8 @@ def estimate(row: dict, fam: dict, steps: int, t_warm: float | None = None) -> d
     units = fam["units_full"]
     t = [fam["t_full_s"] - fam["saving_per_unit_s"] * units * (1.0 - c) for c in pattern]
     if t_warm is not None:
-        t = [t_warm if i < warmup_steps(row) else x for i, x in enumerate(t)]
+        warm = warmup_steps(row)
+        t = [t_warm if i < warm else x for i, x in enumerate(t)]
     return {"denoise_s": sum(t), "step_s": t}
 
 

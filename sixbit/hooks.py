@@ -349,7 +349,7 @@ class BlockState(BaseState):
     def magnitude_ratios(self, step: int) -> list[torch.Tensor] | None:
         """``"magnitude"``'s factor per held tensor at ``step`` (fp32, 0-d), or None while there is no earlier delta
         (the held one is reused as it is)."""
-        if self.prev_delta is None or self.prev_step is None or self.prev_step >= self.last_step:
+        if not tdc.extrapolates(self.prev_delta, self.prev_step, self.last_step):
             return None
         return tdc.magnitude_ratios(self.delta, self.prev_delta, step, self.last_step, self.prev_step, self.sizes())
 

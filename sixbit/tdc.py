@@ -154,7 +154,7 @@ import torch
 from sixbit.dmpq import l1, ratio
 from sixbit.routes import FROM_LETTER, LETTERS, SKIPPED
 
-__all__ = ["MODES", "REUSE", "SCOPES", "magnitude_ratios", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "regates", "regate_possible", "live_span", "l1_size", "delta_change_sums", "change_rate", "capped", "decide",
+__all__ = ["MODES", "REUSE", "SCOPES", "extrapolates", "magnitude_ratios", "STORES", "THRESHOLD_RULES", "span_possible", "uses_span", "regates", "regate_possible", "live_span", "l1_size", "delta_change_sums", "change_rate", "capped", "decide",
            "accumulate", "step_skips", "resolve_reuse", "forecast_order", "probe_threshold", "fixed", "forecast", "SkipSchedule"]
 
 #: decision granularity: one decision per block and step (the paper's), or per step through a probe block
@@ -313,6 +313,12 @@ def l1_size(t: torch.Tensor) -> torch.Tensor:
     return t.abs().nan_to_num_(nan=0.0, posinf=0.0).mean(dtype=torch.float32)
 
 
+def extrapolates(prev, prev_step: int | None, last_step: int | None) -> bool:
+    """Whether a forecast has an earlier computed delta (``prev`` at ``prev_step``, before ``last_step``) to extrapolate
+    from; without one the held delta is reused as it is."""
+    return prev is not None and prev_step is not None and prev_step < last_step
+
+
 def magnitude_ratios(delta: list[torch.Tensor], prev: list[torch.Tensor], step: int, last_step: int, prev_step: int,
                      sizes: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """``"magnitude"``'s factor per stream at ``step`` (fp32, 0-d): ``r^s`` with ``r = ‖Δ₀‖₁ / ‖Δ₁‖₁`` clamped to
@@ -335,7 +341,7 @@ def forecast(delta: list[torch.Tensor], prev: list[torch.Tensor] | None, step: i
     temporaries); first order without ``prev2``, ``delta`` itself while there is no earlier delta. ``onto``: the
     streams the forecast is added to (a skipped block's input) — for the second order within the same passes.
     ``sizes``: ``delta``'s :func:`l1_size` per stream where the caller keeps them (``magnitude``; else measured)."""
-    if prev is None or prev_step is None or prev_step >= last_step:
+    if not extrapolates(prev, prev_step, last_step):
         return delta if onto is None else [x + d for x, d in zip(onto, delta)]
     if magnitude:  # Δ₀ · r^s, r = ‖Δ₀‖₁ / ‖Δ₁‖₁ per stream (clamped): the direction is Δ₀'s, only its size moves
         rs = [r.to(d.dtype) for d, r in zip(delta, magnitude_ratios(delta, prev, step, last_step, prev_step, sizes))]
