@@ -663,4 +663,10 @@ def gelu_int8(x: torch.Tensor, hadamard_block: int | None) -> Int8Tensor:
     return _int8_operand(torch.nn.functional.gelu(x, approximate="tanh"), hadamard_block)
 
 
-__all__ += ["norm_modulate", "norm_modulate_int8", "gelu_int8"]
+def gated_residual(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """diffusers' ``x + gate * y`` (CogVideoX's gated residual; ``gate`` ``[B, 1, C]``): the product rounded
+    to the dtype, then the sum — the reference of ``sixbit_kernels/gated_residual.py``, bit for bit."""
+    return x + gate * y
+
+
+__all__ += ["norm_modulate", "norm_modulate_int8", "gelu_int8", "gated_residual"]

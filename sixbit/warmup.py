@@ -134,6 +134,8 @@ def plan(handle) -> list[tuple[str, object]]:
                     seen.add(key)
                     items.append((f"norm_modulate_int8 {q.in_features}{' dense' if dense else ''}",
                                   _producer(block.norm1, dense, q.packed.hadamard_block, cfg.backend)))
+    if cfg.quantized and cfg.fused_producers and handle.adapter.family == "cogvideox":  # the fused block forward
+        items += [(f"gated_residual {w}", _gated_residual(w, cfg.backend)) for w in widths]
     return items
 
 
@@ -201,6 +203,17 @@ def _outliers(width: int, cfg):
         from sixbit.linear import ops
 
         ops().outlier_count(_rand(1, ROWS // 8, width, device=dev, dtype=dtype, seed=3), cfg.pdr_k_sigma, cfg.backend)
+    return run
+
+
+def _gated_residual(width: int, backend: str):
+    """The fused block forward's ``x + gate · y`` (its video part of ``[text; video]`` is a strided view)."""
+    def run(dev, dtype):
+        from sixbit.linear import ops
+
+        y = _rand(1, _TEXT + _VIDEO, width, device=dev, dtype=dtype, seed=10)[:, _TEXT:]
+        ops().gated_residual(_rand(1, _VIDEO, width, device=dev, dtype=dtype, seed=11),
+                             _rand(1, 1, width, device=dev, dtype=dtype, seed=12), y, backend)
     return run
 
 

@@ -6,6 +6,7 @@
 * ``gemm_w8a8``      — INT8 × INT8 GEMM on the int8 tensor cores
 * ``layernorm``      — LayerNorm over short strided rows (the attention's per-head q/k norm, + rotary)
 * ``block_stats``    — the engine's per-block Δ, Γ and delta-change sums in one pass
+* ``gated_residual`` — CogVideoX's ``x + gate · y`` in one pass (the fused block forward)
 * ``norm_quant``, ``gelu_quant`` — fused producers: CogVideoX's norm + modulate / tanh-GELU emitting the
   INT8 operand of the linears they feed (shared tile quantize: ``rows_int8``)
 * ``blackwell``      — native FP4 ``torch._scaled_mm`` path for capability ≥ 10 (unverified)
@@ -15,7 +16,7 @@ Importing this package does not import triton; ``sixbit_kernels.ops`` does. See 
 
 import importlib as _importlib
 
-_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "blackwell",
+_SUBMODULES = ("ops", "hadamard_quant", "gemm_w4", "gemm_w8a8", "layernorm", "block_stats", "gated_residual", "blackwell",
                "norm_quant", "gelu_quant", "rows_int8",
                "attention_fp8")
 _SUBMODULES += ("targets", "selfcheck", "aot")  # dispatch by capability, load-time self-check, AOT compiles

@@ -76,6 +76,8 @@ from . import blackwell, selfcheck, targets
 try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" works
     from .block_stats import delta_stats as _delta_stats_kernel
     from .block_stats import supported as _delta_stats_supported
+    from .gated_residual import gated_residual as _gated_residual_kernel
+    from .gated_residual import supported as _gated_residual_supported
     from .gelu_quant import gelu_int8 as _gelu_int8_kernel
     from .gemm_w4 import DECODE_ONCE_MIN_M, DenseAct, gemm_w4
     from .gemm_w8a8 import gemm_w8a8
@@ -116,6 +118,7 @@ __all__ = [
     "producers_supported",
     "norm_modulate_int8",
     "gelu_int8",
+    "gated_residual",
 ]
 
 #: routes ``linear`` serves (``WEIGHT_FORMAT``: the weight format each needs), from ``sixbit.routes``
@@ -757,6 +760,24 @@ def gelu_int8(x: torch.Tensor, hadamard_block: int | None, *, dense: bool = Fals
         return None
     return QuantizedInput(_gelu_int8_kernel(x, hadamard_block, dense=dense), hadamard_block, tuple(x.shape[:-1]),
                           x.dtype)
+
+
+def gated_residual(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """CogVideoX's ``x + gate * y`` (``formats.gated_residual``): one Triton pass where the backend serves
+    (forced, or ``auto`` on a kernel device, self-checked once per device and dtype) and the tensors suit
+    (``gated_residual.supported``); else PyTorch's two ops. The same values either way."""
+    if HAVE_TRITON and _gated_residual_supported(x, gate, y) and _resolve(backend, x) != "torch":
+        if backend == "triton" or _checked(x.device, ("gated_residual", x.dtype), *_gated_residual_problem(x)):
+            return _gated_residual_kernel(x, gate, y)
+    return spec.gated_residual(x, gate, y)
+
+
+def _gated_residual_problem(like: torch.Tensor):
+    g = torch.Generator(device=like.device).manual_seed(3)
+    x, y = (torch.randn(2, 2, 37, 96, generator=g, device=like.device) * 4).to(like.dtype).unbind(0)
+    gate = torch.randn(2, 1, 96, generator=g, device=like.device).to(like.dtype)
+    y = torch.cat([y[:, :5], y], dim=1)[:, 5:]  # strided like the feed-forward's video part
+    return (lambda: _gated_residual_kernel(x, gate, y)), (lambda: spec.gated_residual(x, gate, y))
 
 
 def _deq(q: spec.Int8Tensor) -> torch.Tensor:

@@ -164,6 +164,7 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         dim = pipe.transformer.config.num_attention_heads * pipe.transformer.config.attention_head_dim
         assert {n for n in names if n.startswith("norm_modulate_int8")} == {  # the fused producer, both forms
             f"norm_modulate_int8 {dim}", f"norm_modulate_int8 {dim} dense"}
+        assert f"gated_residual {dim}" in names  # the fused block forward's x + gate · y
         assert len(names) == len(set(names))
         seen = []
         real = ops().linear
@@ -179,7 +180,7 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         assert any(n.startswith("norm_modulate_int8") for n in names)
         warmup.warm(h, force=True)  # the attention alone on layers that hold only W8A8 weights (a bug on the H200)
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), policy=pol) as h:
-        assert not any(n.startswith(("linear", "norm_modulate_int8")) for n, _ in warmup.plan(h))
+        assert not any(n.startswith(("linear", "norm_modulate_int8", "gated_residual")) for n, _ in warmup.plan(h))
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks", tdc_regate="off"), policy=pol) as h:
         assert all(" + " in n for n, _ in warmup.plan(h) if n.startswith("block_stats"))
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks"), policy=pol) as h:  # regated: no Δ

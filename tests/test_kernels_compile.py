@@ -59,7 +59,7 @@ def test_hopper_variant_only_on_sm90_and_covers_the_tma_kernels(results):
     assert tma and all(r["variant"] == "hopper" for r in tma)
     kernels = {r["kernel"] for r in results}
     assert {"_gemm_w8a8_kernel", "_gemm_w4_kernel", "_gemm_dense_w_kernel", "_decode_w_kernel", "_rows_kernel",
-            "_nvfp4_kernel", "_delta_stats_kernel", "_ln_rows_kernel"} <= kernels
+            "_nvfp4_kernel", "_delta_stats_kernel", "_gated_residual_kernel", "_ln_rows_kernel"} <= kernels
 
 
 def test_token_count_arguments_are_not_specialised():
@@ -67,9 +67,10 @@ def test_token_count_arguments_are_not_specialised():
     rows at 2B) do not specialise on them, so the warm-up's small problem compiles the variant a run meets
     (session 12: the rows kernel's M specialisation put a 0.5 s compile inside step 8 of a timed run)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("from sixbit_kernels import hadamard_quant as h, norm_quant as n; "
+    code = ("from sixbit_kernels import hadamard_quant as h, norm_quant as n, gated_residual as g; "
             "print({f.fn.__name__: sorted(p.name for p in f.params if p.do_not_specialize) "
-            "for f in (h._rows_kernel, n._norm_mod_kernel)})")
+            "for f in (h._rows_kernel, n._norm_mod_kernel, g._gated_residual_kernel)})")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == str({"_rows_kernel": ["M"], "_norm_mod_kernel": ["OFF", "S", "S_OUT"]})
+    assert proc.stdout.strip().splitlines()[-1] == str({"_rows_kernel": ["M"], "_norm_mod_kernel": ["OFF", "S", "S_OUT"],
+                                                          "_gated_residual_kernel": ["S"]})
