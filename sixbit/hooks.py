@@ -305,7 +305,8 @@ class DenoiserHook(ModelHook):
 class BlockState(BaseState):
     """Per block, per cache context: the cached deltas and the host values the decisions read."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: Callable[[torch.Tensor], torch.Tensor] = tdc.l1_size) -> None:
+        self.size = size  # "magnitude"'s size of one tensor (l1_size: the Triton pass on the GPU)
         self.reset()
 
     def reset(self, *args, **kwargs) -> None:
@@ -343,7 +344,7 @@ class BlockState(BaseState):
         """The sizes of the held ``delta`` (``"magnitude"``), measured at the first read after it was kept: the skips
         that reuse one delta and the shift of :meth:`keep` read it once, not one pass over every tensor each."""
         if self.delta_sizes is None:
-            self.delta_sizes = [tdc.l1_size(t) for t in self.delta]
+            self.delta_sizes = [self.size(t) for t in self.delta]
         return self.delta_sizes
 
     def magnitude_ratios(self, step: int) -> list[torch.Tensor] | None:
@@ -400,7 +401,7 @@ class Span:
     def __init__(self, method: Method, num_blocks: int):
         self.method = method
         self.num_blocks = num_blocks
-        self.state_manager = StateManager(BlockState)
+        self.state_manager = StateManager(BlockState, init_kwargs={"size": sizer(method.cfg.backend)})
         self._bounds: dict[tuple, tuple[int, int] | None] = {}
 
     def bounds(self, call: Call) -> tuple[int, int] | None:
@@ -416,6 +417,15 @@ class Span:
 
     def state(self) -> BlockState:
         return self.state_manager.get_state()
+
+
+def sizer(backend: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``"magnitude"``'s size of a held tensor (:func:`sixbit.tdc.l1_size`): one Triton pass where ``ops.l1_size``
+    serves it (the GPU), the torch reference elsewhere."""
+    def size(t: torch.Tensor) -> torch.Tensor:
+        k = ops()
+        return k.l1_size(t) if k.l1_size_supported(t, backend) else tdc.l1_size(t)
+    return size
 
 
 def block_stats(outs, streams, old, keep: bool, backend: str):
@@ -448,7 +458,7 @@ class BlockHook(ModelHook):
         self.fits = fits  # their calibrated lines (DMPQ only)
         self.attention_fit: LinearFit | None = None  # the block's 8-bit attention line (set by the engine)
         self.attn_procs: list = []  # its sixbit attention processors (sixbit.attention.block_processors)
-        self.state_manager = StateManager(BlockState)
+        self.state_manager = StateManager(BlockState, init_kwargs={"size": sizer(method.cfg.backend)})
         self.span: Span | None = None  # step mode's combined residual (set by the engine; Span.bounds says if used)
         self.attn_action: str | None = None  # tdc_scope="attention", this forward: "capture", "reuse" or None
         self._attn_ctx: tuple | None = None

@@ -105,6 +105,7 @@ def plan(handle) -> list[tuple[str, object]]:
         if keep:
             items.append((f"block_stats {w} + delta", _block_stats(w, None, True, cfg.backend)))
             items.append((f"block_stats {w} + delta change", _block_stats(w, True, keep, cfg.backend)))
+            items.append((f"l1_size {w}", _l1_size(w, cfg.backend)))  # "magnitude"'s size of a held piece
         if cfg.pdr and cfg.quant == "dmpq":
             items.append((f"outlier_count {w}", _outliers(w, cfg)))
     has_fits = any(h.attention_fit is not None for h in handle.block_hooks)
@@ -203,6 +204,15 @@ def _outliers(width: int, cfg):
         from sixbit.linear import ops
 
         ops().outlier_count(_rand(1, ROWS // 8, width, device=dev, dtype=dtype, seed=3), cfg.pdr_k_sigma, cfg.backend)
+    return run
+
+
+def _l1_size(width: int, backend: str):
+    """TDC's size of a held tensor (``hooks.sizer``) on a strided ``[B, S, C]`` piece like the regated ones."""
+    def run(dev, dtype):
+        from sixbit.hooks import sizer
+
+        sizer(backend)(_rand(1, _TEXT + _VIDEO, width, device=dev, dtype=dtype, seed=13)[:, _TEXT:])
     return run
 
 

@@ -68,6 +68,7 @@ def drive(sk, target) -> None:
         sk.block_stats.delta_stats(t, t, t)
         sk.block_stats.delta_stats(t, t, None, write=False)
         sk.gated_residual.gated_residual(t, t[:, :1], t)  # the fused block forward's x + gate · y
+        sk.block_stats.finite_l1_mean(t[:, 226:])  # TDC's "magnitude" size of a held piece
     q = torch.empty(2, 17776, 30, 64, dtype=torch.bfloat16).transpose(1, 2)
     w = torch.empty(64, dtype=torch.bfloat16)
     cs = torch.empty(17550, 64)

@@ -14,6 +14,13 @@ model's dtype before its absolute value, as ``l1(new − old)`` sees it. The sum
 persistent grid; each lane accumulates a strided slice), added up in fp64 on the device: deterministic,
 but in another order than ``torch.linalg.vector_norm`` — equal to fp32 rounding, not bit for bit.
 Non-finite values propagate as in the reference (a NaN anywhere makes the sums NaN).
+
+``finite_l1_mean`` is TDC's ``"magnitude"`` size of a held tensor (``sixbit.tdc.l1_size``: the mean |x| over its
+finite elements, a non-finite element counted as 0) in one read — the reference takes an ``abs`` into a temporary,
+a ``nan_to_num_`` and a mean, and on the regated pieces (strided views into the feed-forward's ``[text; video]``
+output) PyTorch's ``abs`` runs its non-vectorized kernel: 10 ms of a 2B computed step on the H200
+(``step_profile_h200_2b_s28``). Any ``[B, S, C]`` view with a unit last stride (or a contiguous tensor);
+fp32 partial sums in a fixed order, added in fp64: equal to the reference to fp32 rounding, deterministic.
 """
 
 from __future__ import annotations
@@ -91,4 +98,58 @@ def delta_stats(out: torch.Tensor, inp: torch.Tensor, old: torch.Tensor | None =
     return delta, part.to(torch.float64).sum(0)
 
 
-__all__ = ["delta_stats", "supported"]
+@triton.jit(do_not_specialize=["R", "S"])
+def _finite_l1_kernel(x_ptr, part_ptr, R, S, C, sb, ss, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), dtype=tl.float32)
+    for r0 in range(pid * BLOCK_R, R, nprog * BLOCK_R):
+        rows = (r0 + tl.arange(0, BLOCK_R)).to(tl.int64)
+        base = (rows // S) * sb + (rows % S) * ss
+        for c0 in range(0, C, BLOCK_C):
+            cols = c0 + tl.arange(0, BLOCK_C)
+            m = (rows < R)[:, None] & (cols < C)[None, :]
+            a = tl.abs(tl.load(x_ptr + base[:, None] + cols[None, :], mask=m, other=0.0).to(tl.float32))
+            acc += tl.where(a < float("inf"), a, 0.0)  # NaN and ±inf count as 0
+    tl.store(part_ptr + pid, tl.sum(tl.sum(acc, axis=1), axis=0))
+
+
+#: (rows, columns, num_warps, programs per SM) of the size kernel on CUDA; the interpreter's
+L1_CUDA_CONFIG = (4, 512, 4, 4)
+L1_INTERP_CONFIG = (2, 32, 4, 1)
+
+
+def _rows3(t: torch.Tensor) -> tuple[int, int, int, int, int] | None:
+    """``(R, S, C, stride_b, stride_s)`` of ``t`` as rows of ``C`` contiguous elements, or None."""
+    if t.numel() == 0 or t.dim() == 0:
+        return None
+    if t.is_contiguous():
+        c = t.shape[-1]
+        return t.numel() // c, t.numel() // c, c, 0, c
+    if t.dim() == 3 and t.stride(-1) == 1:
+        B, S, C = t.shape
+        return B * S, S, C, t.stride(0), t.stride(1)
+    return None
+
+
+def finite_l1_supported(t: torch.Tensor) -> bool:
+    """Whether :func:`finite_l1_mean` takes ``t``: a non-empty float tensor, contiguous or a ``[B, S, C]`` view with a
+    unit last stride."""
+    return t.dtype in (torch.bfloat16, torch.float16, torch.float32) and _rows3(t) is not None
+
+
+def finite_l1_mean(t: torch.Tensor, *, config: tuple | None = None) -> torch.Tensor:
+    """The mean |x| over ``t``'s finite elements, non-finite ones counted as 0 (fp32, 0-d; ``sixbit.tdc.l1_size``)."""
+    if not finite_l1_supported(t):
+        raise ValueError(f"finite_l1_mean: a non-empty bf16/fp16/fp32 tensor, contiguous or [B, S, C] with a unit last "
+                         f"stride; got {tuple(t.shape)} {t.dtype} strides {t.stride()}")
+    interp = check_launchable(t)
+    br, bc, nw, waves = config or (L1_INTERP_CONFIG if interp else L1_CUDA_CONFIG)
+    R, S, C, sb, ss = _rows3(t)
+    grid = (max(1, min(cdiv(R, br), num_sms(t.device) * waves)),)
+    part = torch.empty(grid[0], dtype=torch.float32, device=t.device)
+    _finite_l1_kernel[grid](t, part, R, S, C, sb, ss, BLOCK_R=br, BLOCK_C=bc, num_warps=nw)
+    return (part.to(torch.float64).sum() / t.numel()).to(torch.float32)
+
+
+__all__ = ["delta_stats", "supported", "finite_l1_mean", "finite_l1_supported"]

@@ -75,6 +75,8 @@ from . import blackwell, selfcheck, targets
 
 try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" works
     from .block_stats import delta_stats as _delta_stats_kernel
+    from .block_stats import finite_l1_mean as _finite_l1_kernel
+    from .block_stats import finite_l1_supported as _finite_l1_supported
     from .block_stats import supported as _delta_stats_supported
     from .gated_residual import gated_residual as _gated_residual_kernel
     from .gated_residual import supported as _gated_residual_supported
@@ -100,6 +102,8 @@ __all__ = [
     "layer_norm_supported",
     "block_stats",
     "block_stats_supported",
+    "l1_size_supported",
+    "l1_size",
     "outlier_count",
     "pack_linear",
     "linear",
@@ -373,6 +377,33 @@ def block_stats(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[to
     res = [_delta_stats_kernel(o, i, d, write=write) for o, i, d in zip(outs, ins, olds_)]
     sums = torch.stack([res[0][1][0], res[0][1][1], sum(r[1][2] for r in res), sum(r[1][3] for r in res)])
     return ([r[0] for r in res] if write else None), sums
+
+
+def l1_size_supported(t: torch.Tensor, backend: str = "auto") -> bool:
+    """Whether :func:`l1_size` runs the Triton kernel for ``t`` (``block_stats.finite_l1_supported``; under ``auto``
+    self-checked once per device and dtype); else use ``sixbit.tdc.l1_size``."""
+    if not HAVE_TRITON or not _finite_l1_supported(t):
+        return False
+    be = _resolve(backend, t)
+    if be == "torch":
+        return False
+    return be == "triton" or _checked(t.device, ("l1_size", t.dtype), *_l1_size_problem(t))
+
+
+def l1_size(t: torch.Tensor) -> torch.Tensor:
+    """TDC's ``"magnitude"`` size of ``t`` in one read (``block_stats.finite_l1_mean``; reference
+    ``sixbit.tdc.l1_size``, equal to fp32 rounding); check :func:`l1_size_supported` first."""
+    return _finite_l1_kernel(t)
+
+
+def _l1_size_problem(like: torch.Tensor):
+    from sixbit.tdc import l1_size as ref
+
+    g = torch.Generator(device=like.device).manual_seed(4)
+    y = (torch.randn(2, 41, 96, generator=g, device=like.device) * 3).to(like.dtype)
+    y[1, 3, 5] = float("nan")
+    y = y[:, 3:]  # strided like a regated piece
+    return (lambda: _finite_l1_kernel(y)), (lambda: ref(y))
 
 
 def outlier_count(x: torch.Tensor, k_sigma: float, backend: str = "auto") -> tuple[torch.Tensor, int]:

@@ -110,3 +110,57 @@ def test_engine_triton_bookkeeping_takes_the_reference_decisions():
                 else:
                     assert b[key] == pytest.approx(a[key], rel=1e-5)
     assert any(b["skipped"] for s in traces["torch"] for b in s["blocks"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape,view", [((2, 40, 48), "slice"), ((1, 1, 16), "contiguous"), ((3, 7, 100), "slice"),
+                                        ((517,), "contiguous"), ((2, 9, 1920), "slice"), ((4, 5, 6, 8), "contiguous")])
+def test_finite_l1_mean_matches_tdc_l1_size(dtype, shape, view):
+    """TDC's ``"magnitude"`` size of a held tensor in one pass (``block_stats.finite_l1_mean``) against
+    ``sixbit.tdc.l1_size``: contiguous tensors and the regated pieces' strided views, huge and tiny magnitudes, an
+    outlier channel, zeros and non-finite elements (counted as 0)."""
+    from sixbit.tdc import l1_size
+
+    g = torch.Generator().manual_seed(sum(shape))
+    t = (torch.randn(*shape, generator=g) * 2).to(dtype).to(DEV)
+    if view == "slice":
+        t = torch.cat([t[:, :3], t], dim=1)[:, 3:]  # the video part of [text; video]
+        assert not t.is_contiguous()
+    flat = t.reshape(-1) if t.is_contiguous() else None
+    t[..., 0] = 0.0
+    if t.shape[-1] > 5:
+        t[..., 5] *= 300.0 if dtype != torch.float16 else 30.0  # an outlier channel
+    if flat is not None and flat.numel() > 8:
+        flat[:2] = torch.finfo(dtype).tiny / 4
+        flat[2] = float("nan")
+        flat[3], flat[4] = float("inf"), -float("inf")
+    else:
+        t[0, 0, 1], t[0, -1, 2] = float("nan"), float("inf")
+    assert bs.finite_l1_supported(t)
+    got, ref = bs.finite_l1_mean(t), l1_size(t)
+    assert got.dtype == torch.float32 and got.dim() == 0 and math.isfinite(float(got))
+    torch.testing.assert_close(got.cpu(), ref.cpu(), rtol=2e-6, atol=0.0)
+    assert torch.equal(bs.finite_l1_mean(t), got)  # deterministic
+
+
+def test_finite_l1_mean_all_zero_and_unsupported_inputs():
+    assert float(bs.finite_l1_mean(torch.zeros(2, 5, 32).to(DEV))) == 0.0
+    t = torch.randn(2, 5, 32).to(DEV)
+    for bad in (torch.tensor(1.0), torch.zeros(2, 0, 32), t.transpose(1, 2), t.double(), t.transpose(0, 1)[None]):
+        assert not bs.finite_l1_supported(bad)
+        with pytest.raises(ValueError, match="finite_l1_mean: a non-empty"):
+            bs.finite_l1_mean(bad)
+    assert not ops.l1_size_supported(t, "torch") and ops.l1_size_supported(t, "triton")
+
+
+def test_sizer_takes_the_kernel_where_it_serves_and_tdc_l1_size_elsewhere(monkeypatch):
+    from sixbit import hooks, tdc
+
+    seen = []
+    monkeypatch.setattr(tdc, "l1_size", lambda t: seen.append("torch") or torch.zeros(()))
+    t = torch.randn(2, 7, 64).to(DEV)[:, 2:]
+    kernel = hooks.sizer("triton")(t)
+    assert seen == [] and float(kernel) > 0
+    hooks.sizer("torch")(t)
+    hooks.sizer("triton")(torch.tensor(2.0))  # a 0-d size: the reference (the size itself)
+    assert seen == ["torch", "torch"]

@@ -59,7 +59,7 @@ def test_hopper_variant_only_on_sm90_and_covers_the_tma_kernels(results):
     assert tma and all(r["variant"] == "hopper" for r in tma)
     kernels = {r["kernel"] for r in results}
     assert {"_gemm_w8a8_kernel", "_gemm_w4_kernel", "_gemm_dense_w_kernel", "_decode_w_kernel", "_rows_kernel",
-            "_nvfp4_kernel", "_delta_stats_kernel", "_gated_residual_kernel", "_ln_rows_kernel"} <= kernels
+            "_nvfp4_kernel", "_delta_stats_kernel", "_gated_residual_kernel", "_finite_l1_kernel", "_ln_rows_kernel"} <= kernels
 
 
 def test_token_count_arguments_are_not_specialised():
