@@ -27,7 +27,7 @@ reference, nothing is fused for it (a broken GEMM then runs exactly the referenc
 
 The block's four gated residuals (``hidden + gate · out`` per stream, after the attention and after the
 feed-forward) run as one Triton pass each (``ops.gated_residual``, bit for bit diffusers' two ops) on every
-route: 26 ms of PyTorch's multiply + add per full-method computed 2B step on the H200 (``step_profile_h200_2b_s21``).
+route (H200: 0.104 ms per 2B video-stream call against PyTorch's 0.279; docs/KERNELS.md "Session 28").
 """
 
 from __future__ import annotations

@@ -119,6 +119,9 @@ POLY = {32: 0, 64: 0, 128: 0}
 EXP2_POLY_MAX_REL_ERR = 7.5e-5
 #: software-pipelined key loop per head dim (module docstring, "pipelined"): measured slower on the H200, off
 PIPELINED = {32: False, 64: False, 128: False}
+#: Triton's automatic warp specialization of the key loop (not the pipelined one): on the H200 under Triton 3.6 the
+#: same speed and output as without (8.561 vs 8.563 ms at 2B; probe_ws_attn_h200_s28.json), so off
+WARP_SPECIALIZE = False
 #: the compiled attention kernel of the last launch (registers, spills, shared memory for the benchmark)
 LAST_LAUNCH: dict = {}
 #: ``hi_channels`` the kernel takes besides 0 (one bf16 MMA of reduction 16; docs/ATTENTION.md; H200: 2.3× slower)
@@ -515,7 +518,7 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
-                     NH: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr):
+                     NH: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr, WS: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -568,7 +571,7 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, last, n_kv, S_pad, q_hi,
                                         khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
     else:
-        for start in range(0, full, BLOCK_N):
+        for start in tl.range(0, full, BLOCK_N, warp_specialize=WS):
             s = _qk(q8, k8_base, k_desc, bh, start, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi,
                                         khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
@@ -654,7 +657,7 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         kv.hi_idx if nh else kv.k_scale, kv.k_hi if nh else kv.k_scale, khi_desc,
         S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(),
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, INTERP=interp,
+        TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, INTERP=interp, WS=WARP_SPECIALIZE and not pipelined,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out

@@ -11,7 +11,8 @@ On the H200 the two ops took 26 ms of a full-method computed 2B step (15.6 multi
 feed-forward's ``[text; video]`` output) and the gate once and writes a new tensor. Element values are the
 reference's (``formats.gated_residual``, i.e. diffusers' line) bit for bit: the product is rounded to the
 dtype before the add, as PyTorch's two ops do; no FMA (``enable_fp_fusion=False``). Non-finite values
-propagate as there.
+propagate as there. H200 (``benchmarks/results/probe_resid_h200_s28.json``): ``[2, 17550, 1920]`` bf16 0.104 ms
+against PyTorch's 0.279 (3.9 TB/s), ``[2, 17550, 3072]`` 0.163 against 0.439, outputs bit-equal.
 """
 
 from __future__ import annotations

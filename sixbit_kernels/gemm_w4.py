@@ -200,7 +200,7 @@ def _gemm_dense_w_kernel(
     SPLIT: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     TMA: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERP: tl.constexpr,
+    INTERP: tl.constexpr, WS: tl.constexpr = False,
 ):
     """The decode-once GEMM: 16-bit activations × the weight already decoded to 16-bit halves; same
     epilogue as :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for the
@@ -214,7 +214,7 @@ def _gemm_dense_w_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:
-        for ka in range(0, KA, BLOCK_K):
+        for ka in tl.range(0, KA, BLOCK_K, warp_specialize=WS):
             a = a_src.load([m0, ka])
             if SPLIT:
                 w = w_src.load([n0, ka % K])
@@ -411,6 +411,11 @@ def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16, *, target:
     return out
 
 
+#: Triton's automatic warp specialization of the decode-once K loop (TMA variant): on the H200 under Triton 3.6 the
+#: same speed and output as without (0.413 vs 0.413 ms at 2B's 1920 x 1920; probe_ws_gemm_h200_s28.log), so off
+DENSE_W_WS = False
+
+
 def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt: Target):
     wdec = decode_weight(w, torch.bfloat16 if op == tl.bfloat16 else torch.float16, target=tgt)
     M, N, KA = a1.shape[0], wdec.shape[0], a1.shape[1]
@@ -433,6 +438,7 @@ def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tg
         M, N, K, KA, out.stride(0),
         SPLIT=KA != K, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
         TMA=use_tma, EVEN_K=K % bk == 0,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, WS=DENSE_W_WS and use_tma,
+        num_warps=nw, num_stages=ns,
     )
     return out
