@@ -149,7 +149,7 @@ def finite_l1_mean(t: torch.Tensor, *, config: tuple | None = None) -> torch.Ten
     grid = (max(1, min(cdiv(R, br), num_sms(t.device) * waves)),)
     part = torch.empty(grid[0], dtype=torch.float32, device=t.device)
     _finite_l1_kernel[grid](t, part, R, S, C, sb, ss, BLOCK_R=br, BLOCK_C=bc, num_warps=nw)
-    return (part.to(torch.float64).sum() / t.numel()).to(torch.float32)
+    return part.sum(dtype=torch.float64).div_(t.numel()).float()
 
 
 __all__ = ["delta_stats", "supported", "finite_l1_mean", "finite_l1_supported"]

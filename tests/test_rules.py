@@ -359,3 +359,21 @@ def test_attention_config_fields_are_validated_and_the_presets_choose():
     assert SixBitConfig.preset("full").attention_after_skip == "bf16"
     for name in ("off", "fp16", "w8a8", "w4a4", "w4a8", "tdc_only", "tdc_paper"):
         assert SixBitConfig.preset(name).attention == "bf16", name
+
+
+def test_magnitude_ratios_stacked_equal_the_per_stream_formula_bit_for_bit():
+    """``tdc.magnitude_ratios`` computes the streams' factors as one stacked chain (fewer launches per skipped block):
+    the same bits as ``(‖Δ₀‖ / l1_size(prev).clamp_min(1e-30)).clamp(lo, hi).pow(s)`` one stream at a time — for
+    held sizes (0-d, incl. 0, inf and NaN ones) and for held tensors."""
+    lo, hi = tdc.MAGNITUDE_CLAMP
+    g = torch.Generator().manual_seed(5)
+    delta = [torch.randn(2, 5, 3, generator=g) * k for k in (1.0, 3.0, 1e-3, 0.0, 7.0)]
+    sizes = [tdc.l1_size(d) for d in delta]
+    held = [torch.randn(2, 5, 3, generator=g) * k for k in (0.9, 1.0, 1e-3, 2.0, 1e30)]
+    held_sizes = [tdc.l1_size(p) for p in held[:3]] + [torch.tensor(0.0), torch.tensor(float("inf"))]
+    for prev in (held, held_sizes, [*held_sizes[:4], torch.tensor(float("nan"))]):
+        for step, last, before in ((7, 6, 4), (9, 6, 5)):
+            s = (step - last) / (last - before)
+            want = [(a / tdc.l1_size(p).clamp_min(1e-30)).clamp(lo, hi).pow(s) for a, p in zip(sizes, prev)]
+            got = tdc.magnitude_ratios(delta, prev, step, last, before)
+            assert len(got) == len(want) and all(x.dim() == 0 and torch.equal(x, y) for x, y in zip(got, want))
