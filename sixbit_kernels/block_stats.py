@@ -120,8 +120,9 @@ L1_INTERP_CONFIG = (2, 32, 4, 1)
 
 
 def _rows3(t: torch.Tensor) -> tuple[int, int, int, int, int] | None:
-    """``(R, S, C, stride_b, stride_s)`` of ``t`` as rows of ``C`` contiguous elements, or None."""
-    if t.numel() == 0 or t.dim() == 0:
+    """``(R, S, C, stride_b, stride_s)`` of ``t`` as rows of ``C`` contiguous elements, or None where
+    :func:`finite_l1_mean` does not take ``t``."""
+    if t.numel() == 0 or t.dim() == 0 or t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return None
     if t.is_contiguous():
         c = t.shape[-1]
@@ -135,17 +136,18 @@ def _rows3(t: torch.Tensor) -> tuple[int, int, int, int, int] | None:
 def finite_l1_supported(t: torch.Tensor) -> bool:
     """Whether :func:`finite_l1_mean` takes ``t``: a non-empty float tensor, contiguous or a ``[B, S, C]`` view with a
     unit last stride."""
-    return t.dtype in (torch.bfloat16, torch.float16, torch.float32) and _rows3(t) is not None
+    return _rows3(t) is not None
 
 
 def finite_l1_mean(t: torch.Tensor, *, config: tuple | None = None) -> torch.Tensor:
     """The mean |x| over ``t``'s finite elements, non-finite ones counted as 0 (fp32, 0-d; ``sixbit.tdc.l1_size``)."""
-    if not finite_l1_supported(t):
+    rows = _rows3(t)
+    if rows is None:
         raise ValueError(f"finite_l1_mean: a non-empty bf16/fp16/fp32 tensor, contiguous or [B, S, C] with a unit last "
                          f"stride; got {tuple(t.shape)} {t.dtype} strides {t.stride()}")
     interp = check_launchable(t)
     br, bc, nw, waves = config or (L1_INTERP_CONFIG if interp else L1_CUDA_CONFIG)
-    R, S, C, sb, ss = _rows3(t)
+    R, S, C, sb, ss = rows
     grid = (max(1, min(cdiv(R, br), num_sms(t.device) * waves)),)
     part = torch.empty(grid[0], dtype=torch.float32, device=t.device)
     _finite_l1_kernel[grid](t, part, R, S, C, sb, ss, BLOCK_R=br, BLOCK_C=bc, num_warps=nw)

@@ -298,11 +298,13 @@ def _resolve(backend: str, x: torch.Tensor) -> str:
     return backend
 
 
-def _checked(dev: torch.device, key: tuple, triton_fn, reference) -> bool:
-    """Whether the (self-checked) Triton kernel serves ``key`` on ``dev`` (else the torch reference)."""
+def _checked(dev: torch.device, key: tuple, problem) -> bool:
+    """Whether the (self-checked) Triton kernel serves ``key`` on ``dev`` (else the torch reference);
+    ``problem()`` → (kernel run, reference) is built only on the first call per key, not on the hot path."""
     impl = selfcheck.cached(dev, key)
     if impl is None:
-        impl = selfcheck.choose(dev, key, [(selfcheck.TRITON, triton_fn), (selfcheck.TORCH, None)], reference)
+        run, ref = problem()
+        impl = selfcheck.choose(dev, key, [(selfcheck.TRITON, run), (selfcheck.TORCH, None)], ref)
     return impl == selfcheck.TRITON
 
 
@@ -331,7 +333,7 @@ def block_stats_supported(outs: list[torch.Tensor], ins: list[torch.Tensor], old
     if be == "torch" or not all(_delta_stats_supported(o, i, d) for o, i, d in zip(outs, ins, olds_)):
         return False
     return be == "triton" or _checked(outs[0].device, ("block_stats", outs[0].dtype),
-                                      *_block_stats_problem(outs[0]))
+                                      lambda: _block_stats_problem(outs[0]))
 
 
 def _block_stats_problem(like: torch.Tensor):
@@ -359,11 +361,15 @@ def layer_norm_supported(x: torch.Tensor, normalized_shape) -> bool:
     if _kernel_target(x.device) is None:
         return True  # CPU tensors (interpreter tests with allow_cpu): unchecked, as before
     d = x.shape[-1]
-    g = torch.Generator(device=x.device).manual_seed(0)
-    t = (torch.randn(2, 3, 40, d, generator=g, device=x.device) * 3 + 1).to(x.dtype).transpose(1, 2)
-    w, b = torch.randn(2, d, generator=g, device=x.device).to(x.dtype).unbind(0)
-    return _checked(x.device, ("layer_norm", d, x.dtype), lambda: layer_norm_rows(t, w, b, 1e-6),
-                    lambda: torch.nn.functional.layer_norm(t.float(), (d,), w.float(), b.float(), 1e-6).to(x.dtype))
+
+    def problem():
+        g = torch.Generator(device=x.device).manual_seed(0)
+        t = (torch.randn(2, 3, 40, d, generator=g, device=x.device) * 3 + 1).to(x.dtype).transpose(1, 2)
+        w, b = torch.randn(2, d, generator=g, device=x.device).to(x.dtype).unbind(0)
+        return (lambda: layer_norm_rows(t, w, b, 1e-6),
+                lambda: torch.nn.functional.layer_norm(t.float(), (d,), w.float(), b.float(), 1e-6).to(x.dtype))
+
+    return _checked(x.device, ("layer_norm", d, x.dtype), problem)
 
 
 def block_stats(outs: list[torch.Tensor], ins: list[torch.Tensor], olds: list[torch.Tensor] | None = None, *,
@@ -387,7 +393,7 @@ def l1_size_supported(t: torch.Tensor, backend: str = "auto") -> bool:
     be = _resolve(backend, t)
     if be == "torch":
         return False
-    return be == "triton" or _checked(t.device, ("l1_size", t.dtype), *_l1_size_problem(t))
+    return be == "triton" or _checked(t.device, ("l1_size", t.dtype), lambda: _l1_size_problem(t))
 
 
 def l1_size(t: torch.Tensor) -> torch.Tensor:
@@ -411,7 +417,7 @@ def outlier_count(x: torch.Tensor, k_sigma: float, backend: str = "auto") -> tup
     x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     be = _resolve(backend, x)
     if be != "torch" and x2.shape[-1] % 16 == 0 and x2.dtype in (torch.bfloat16, torch.float16, torch.float32):
-        if be == "triton" or _checked(x.device, ("outlier_count", x2.dtype), *_outlier_problem(x2, k_sigma)):
+        if be == "triton" or _checked(x.device, ("outlier_count", x2.dtype), lambda: _outlier_problem(x2, k_sigma)):
             return _outlier_count_kernel(x2, k_sigma).to(torch.int64), x2.numel()
     return spec.outlier_count(x, k_sigma)
 
@@ -742,15 +748,8 @@ def producers_supported(x: torch.Tensor, backend: str = "auto") -> bool:
 
 
 def _producer_ok(key: tuple, dev: torch.device, problem, backend: str) -> bool:
-    """``backend="triton"``: yes; ``auto``: the producer kernel's self-check on ``dev`` (``problem()`` →
-    (kernel run, reference), built only on the first call per key)."""
-    if backend == "triton":
-        return True
-    impl = selfcheck.cached(dev, key)
-    if impl is None:
-        run, ref = problem()
-        impl = selfcheck.choose(dev, key, [(selfcheck.TRITON, run), (selfcheck.TORCH, None)], ref)
-    return impl == selfcheck.TRITON
+    """``backend="triton"``: yes; ``auto``: the producer kernel's self-check on ``dev`` (:func:`_checked`)."""
+    return backend == "triton" or _checked(dev, key, problem)
 
 
 def norm_modulate_int8(parts, weight, bias, eps: float, hadamard_block: int | None, *, dense: bool = False,
@@ -798,7 +797,7 @@ def gated_residual(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, backend
     (forced, or ``auto`` on a kernel device, self-checked once per device and dtype) and the tensors suit
     (``gated_residual.supported``); else PyTorch's two ops. The same values either way."""
     if HAVE_TRITON and _gated_residual_supported(x, gate, y) and _resolve(backend, x) != "torch":
-        if backend == "triton" or _checked(x.device, ("gated_residual", x.dtype), *_gated_residual_problem(x)):
+        if backend == "triton" or _checked(x.device, ("gated_residual", x.dtype), lambda: _gated_residual_problem(x)):
             return _gated_residual_kernel(x, gate, y)
     return spec.gated_residual(x, gate, y)
 

@@ -76,6 +76,23 @@ def test_choose_falls_back_on_exception_and_mismatch_and_remembers():
     assert selfcheck.status("cpu") == {}
 
 
+def test_self_check_problem_is_built_on_the_first_call_per_key_only():
+    """``ops._checked`` builds its probe inputs (random tensors) on a cache miss only: the wrappers that consult it on
+    every call (``gated_residual`` four times per block, ``l1_size`` per held piece) do no probe work once checked."""
+    ops = sk.ops
+    built = []
+
+    def problem():
+        built.append(1)
+        return (lambda: torch.ones(3)), (lambda: torch.ones(3))
+
+    try:
+        assert all(ops._checked(torch.device("cpu"), ("lazy",), problem) for _ in range(3))
+        assert built == [1]
+    finally:
+        selfcheck.reset("cpu")
+
+
 def test_mismatch_rules():
     y = torch.randn(8, 8)
     assert selfcheck._mismatch((y, torch.tensor(100)), (y, torch.tensor(101))) is None  # count within 2
