@@ -62,7 +62,10 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "full_noregate": ("full", dict(tdc_regate="off")),
                  "fast_noregate": ("fast", dict(tdc_regate="off")),
                  # step 0 at INT8, no full-precision warm-up steps: the defaults up to session 26 (warmup_steps)
-                 "full_nowarmup": ("full", dict(warmup_steps=0))}
+                 "full_nowarmup": ("full", dict(warmup_steps=0)),
+                 # ff.net.0's GELU as PyTorch's own pass after the GEMM (the default runs it in the epilogue)
+                 "full_nogelu": ("full", dict(gelu_epilogue=False)),
+                 "full_w8a8_nogelu": ("full", dict(int8_route="w8a8", gelu_epilogue=False))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -91,6 +94,8 @@ LABELS = {
     "full_noregate": "full 6Bit · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
     "fast_noregate": "fast preset · the block's Δ, not its gated pieces (tdc_regate=\"off\", before session 24)",
     "full_nowarmup": "full 6Bit · no full-precision warm-up steps (warmup_steps=0, before session 27)",
+    "full_nogelu": "full 6Bit · ff.net.0's GELU as PyTorch's pass (gelu_epilogue=False, before session 29)",
+    "full_w8a8_nogelu": "full 6Bit · INT8 decisions on W8A8 · GELU as PyTorch's pass (gelu_epilogue=False)",
 }
 
 #: real CogVideoX transformer configurations (random weights)

@@ -1,10 +1,17 @@
-"""Probes of session 28 at CogVideoX-2B/5B shapes, each against its baseline in the same run:
+"""Probes at CogVideoX-2B/5B shapes, each against its baseline in the same run (sessions 28–29):
 
-* ``gemm`` / ``attn``: Triton's automatic warp specialization (``tl.range(warp_specialize=True)``) of the
-  decode-once GEMM's K loop and the 8-bit attention's key loop against the same kernels without it, cuBLAS bf16
-  and cuDNN SDPA (``gemm_w4.DENSE_W_WS``, ``attention_fp8.WARP_SPECIALIZE``);
+* ``gemm``: the decode-once GEMM (W4A8's operand: INT8 codes as fp16; the persistent TMA kernel since session 29)
+  against cuBLAS fp16 on the same decoded weight, with and without the GELU epilogue. Session 28's version of
+  this part timed warp specialization of the old one-tile-per-program kernel (``probe_ws_gemm_h200_s28.log``: no
+  effect); session 29's persistent-kernel sweep that replaced that kernel (``probe_pgemm_h100_s29.json`` /
+  ``.log``: tiles, stages, TMA store, epilogue subtiling, loop flattening; 1.01–1.17x the old kernel at the six
+  shapes) ran a copy of the kernel kept in this file until it moved to ``sixbit_kernels/gemm_w4.py``;
+* ``attn``: warp specialization of the 8-bit attention's key loop (``attention_fp8.WARP_SPECIALIZE``) against
+  the kernel without it and cuDNN SDPA;
 * ``resid``: ``gated_residual`` against PyTorch's ``x + gate * y`` (bit equality checked), a few tiles;
-* ``l1``: ``block_stats.finite_l1_mean`` against ``sixbit.tdc.l1_size`` on a regated piece (a strided view).
+* ``l1``: ``block_stats.finite_l1_mean`` against ``sixbit.tdc.l1_size`` on a regated piece (a strided view);
+* ``gelu``: ff.net.0.proj's GEMM with the GELU in its epilogue against the GEMM + PyTorch's GELU, at 2B and 5B
+  (W8A8 and the decode-once W4A8).
 
 ``python benchmarks/hopper_probe.py PART OUT.json`` on a GPU."""
 
@@ -20,7 +27,6 @@ from triton.testing import do_bench
 from sixbit import formats
 from sixbit_kernels import attention_fp8 as A
 from sixbit_kernels import gemm_w4 as G
-from sixbit_kernels.targets import device_target
 
 dev = torch.device("cuda")
 torch.manual_seed(0)
@@ -35,45 +41,22 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=200)
 
 
-if part in ("all", "gemm"):
+if part in ("all", "gemm"):  # session 29: the decode-once GEMM (now persistent) against cuBLAS
     M = 35552
-    shapes = [(1920, 1920), (7680, 1920), (1920, 7680)]
-    cfgs = [
-        None,
-        (256, 128, 64, 8, 8, 3),
-        (128, 256, 64, 8, 8, 3),
-        (128, 256, 64, 8, 8, 4),
-        (128, 128, 64, 8, 4, 4),
-        (128, 256, 64, 8, 4, 3),
-        (128, 128, 128, 8, 4, 3),
-        (256, 128, 64, 8, 4, 3),
-    ]
-    tgt = device_target(dev)
     rows = []
-    for N, K in shapes:
-        a = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    for N, K in [(1920, 1920), (7680, 1920), (1920, 7680), (3072, 3072), (12288, 3072), (3072, 12288)]:
         w = formats.quantize_nvfp4(torch.randn(N, K, device=dev) * 0.02)
-        wdec = G.decode_weight(w, torch.bfloat16)
-        t_cublas = bench(lambda: a @ wdec.T)
-        row = {"N": N, "K": K, "cublas_ms": t_cublas, "cfgs": []}
-        ref = None
-        for cfg in cfgs:
-            for ws in (False, True):
-                G.DENSE_W_WS = ws
-                try:
-                    f = lambda: G.gemm_w4(a, w, config=cfg, decode="once")
-                    y = f()
-                    if ref is None:
-                        ref = y
-                    same = bool(torch.equal(y, ref))
-                    t = bench(f)
-                    row["cfgs"].append({"cfg": cfg, "ws": ws, "ms": t, "same": same})
-                    print(N, K, cfg, ws, f"{t:.3f} ms cublas {t_cublas:.3f} same={same}", flush=True)
-                except Exception as e:  # noqa: BLE001
-                    row["cfgs"].append({"cfg": cfg, "ws": ws, "error": repr(e)[:300]})
-                    print(N, K, cfg, ws, "ERR", repr(e)[:300], flush=True)
-        G.DENSE_W_WS = False
+        wdec = G.decode_weight(w, torch.float16)
+        a = torch.randint(-127, 128, (M, K), device=dev).half()  # W4A8's operand: INT8 codes as fp16
+        act = G.DenseAct(a, "int8", row_scale=torch.rand(M, device=dev) * 0.01 + 1e-3)
+        bias = torch.randn(N, device=dev).to(torch.bfloat16)
+        row = {"N": N, "K": K, "cublas_fp16_ms": bench(lambda: a @ wdec.T),
+               "gemm_w4_decode_once_ms": bench(lambda: G.gemm_w4(act, w, bias, decode="once")),
+               "gemm_w4_gelu_ms": bench(lambda: G.gemm_w4(act, w, bias, decode="once", activation="gelu_tanh"))}
         rows.append(row)
+        print("gemm", row, flush=True)
+        del w, wdec, a, act
+        torch.cuda.empty_cache()
     res["gemm"] = rows
 
 if part in ("all", "attn"):
@@ -161,6 +144,38 @@ if part in ("all", "l1"):
             print("l1", C, name, f"{t_k:.4f} ms torch {t_torch:.4f} rel {rel:.1e} {t.numel() * 2 / t_k / 1e6:.0f} GB/s",
                   flush=True)
     res["l1"] = lrows
+
+if part in ("all", "gelu"):  # session 29: ff.net.0's GELU in its GEMM's epilogue
+    from sixbit_kernels import gemm_w8a8 as G8
+    from sixbit_kernels import hadamard_quant as HQ
+
+    grows = []
+    for M, K, N in [(35552, 1920, 7680), (35552, 3072, 12288)]:  # 2B, 5B: ff.net.0.proj, CFG batched
+        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(N, K, device=dev) * 0.02
+        bias = torch.randn(N, device=dev, dtype=torch.bfloat16) * 0.1
+        q8, _ = HQ.quantize_int8_act(x)
+        d8, _ = HQ.quantize_int8_act(x, dense=True)
+        da = G.DenseAct(d8.data, "int8", row_scale=d8.scale)
+        w8, w4 = formats.quantize_int8(w), formats.quantize_nvfp4(w)
+        cases = {"w8a8": lambda act: G8.gemm_w8a8(q8, w8, bias, torch.bfloat16, activation=act),
+                 "w4a8 (decode-once)": lambda act: G.gemm_w4(da, w4, bias, torch.bfloat16, activation=act)}
+        for name, run in cases.items():
+            y = run(None)
+            t_gemm = bench(lambda: run(None))
+            t_torch = bench(lambda: F.gelu(run(None), approximate="tanh"))
+            t_gelu = bench(lambda: F.gelu(y, approximate="tanh"))
+            t_fused = bench(lambda: run("gelu_tanh"))
+            ref = F.gelu(y, approximate="tanh")
+            diff = (run("gelu_tanh").float() - ref.float()).abs()
+            row = {"M": M, "K": K, "N": N, "route": name, "gemm_ms": t_gemm, "gemm_then_torch_gelu_ms": t_torch,
+                   "torch_gelu_ms": t_gelu, "fused_ms": t_fused, "max_abs_diff": float(diff.max()),
+                   "frac_differing": float((diff > 0).float().mean())}
+            grows.append(row)
+            print("gelu", row, flush=True)
+        del x, w, q8, d8, da, w8, w4, y
+        torch.cuda.empty_cache()
+    res["gelu"] = grows
 
 out = sys.argv[2] if len(sys.argv) > 2 else "ws_probe.json"
 json.dump(res, open(out, "w"), indent=1)

@@ -244,6 +244,11 @@ class SixBitHandle:
                     raise TypeError(f"SixBitConfig.tdc_scope='attention': {bname} has no self-attention module "
                                     f"{adapter.self_attention!r}")
                 self._register(attn, AttentionHook(hook), ATTENTION_HOOK)
+        #: (projection, hook) of each feed-forward GELU run in its GEMM's epilogue (engineering; sixbit/fused.py)
+        self.gelu_epilogue: list[tuple[nn.Module, ModelHook]] = []
+        if cfg.quantized and cfg.gelu_epilogue:
+            self.gelu_epilogue = [(m.proj, self._register(m, fused.GeluEpilogueHook(), fused.GELU_HOOK))
+                                  for _, block in blocks for m in block.modules() if fused.gelu_epilogue_applies(m)]
         # engineering, not the method: q/k LayerNorm + rotary embedding in one kernel (CogVideoX, CUDA)
         self._attn_processors = attention.install(blocks, ops(), cfg.backend) if cfg.fast_qk_norm else []
         for hook, (bname, block) in zip(self.block_hooks, blocks):  # each block's attention, routed per step
@@ -258,12 +263,13 @@ class SixBitHandle:
         if w is not None:
             self.run.trace.extra["kernels_compiled_s"] = w.seconds
 
-    def _register(self, module: nn.Module, hook: ModelHook, name: str) -> None:
+    def _register(self, module: nn.Module, hook: ModelHook, name: str) -> ModelHook:
         if not hasattr(module, "_diffusers_hook"):
             self._created_registries.append(module)
         self._had_forward_attr.setdefault(id(module), "forward" in module.__dict__)  # before the first hook
         HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
         self._hooked.append(module)
+        return hook
 
     def _new_trace(self) -> Trace:
         try:
@@ -339,7 +345,8 @@ class SixBitHandle:
             return
         for module in self._hooked:
             reg = module._diffusers_hook
-            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK, ATTENTION_HOOK, PART_HOOK):  # outer hooks first
+            # outer hooks first
+            for name in (DENOISER_HOOK, BLOCK_HOOK, fused.FUSED_HOOK, ATTENTION_HOOK, PART_HOOK, fused.GELU_HOOK):
                 reg.remove_hook(name, recurse=False)
             if not self._had_forward_attr[id(module)] and not reg.hooks:
                 module.__dict__.pop("forward", None)
@@ -353,6 +360,7 @@ class SixBitHandle:
         restore_linears(self.transformer, self._originals)
         self.modules = []
         self.weight_only_modules = []
+        self.gelu_epilogue = []
         self._originals = {}
         del self.transformer._sixbit_handle
         self.removed = True

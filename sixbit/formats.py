@@ -669,4 +669,24 @@ def gated_residual(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torc
     return x + gate * y
 
 
-__all__ += ["norm_modulate", "norm_modulate_int8", "gelu_int8", "gated_residual"]
+#: activations a GEMM epilogue applies to a linear's output (``ops.linear(..., activation=)``), each with the
+#: kernels' ``ACT`` constexpr: CogVideoX's and Wan's feed-forward GELU (``ff.net.0``), whose 16-bit input is
+#: then never written
+ACTIVATIONS = {None: 0, "gelu_tanh": 1}
+
+
+def act_code(activation: str | None) -> int:
+    """The ``ACT`` constexpr of ``activation``, or a ValueError naming the choices."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """``activation`` of a linear's (model-dtype) output — the reference of the GEMM epilogues'
+    (``sixbit_kernels/_common.store_value``): PyTorch's GELU of a 16-bit tensor runs in fp32 and rounds once."""
+    return y if act_code(activation) == 0 else torch.nn.functional.gelu(y, approximate="tanh")
+
+
+__all__ += ["norm_modulate", "norm_modulate_int8", "gelu_int8", "gated_residual", "ACTIVATIONS", "act_code",
+            "activate"]

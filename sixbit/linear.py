@@ -132,13 +132,17 @@ class SixBitLinear(nn.Module):
             return None
         return ops().operand_form(self.packed, self.resolve(self.route), like=like, rows=rows, backend=self.backend)
 
-    def forward(self, x) -> torch.Tensor:
-        """``x``: the activation, or an ``ops.QuantizedInput`` a fused producer emitted for this route."""
+    def forward(self, x, activation: str | None = None) -> torch.Tensor:
+        """``x``: the activation, or an ``ops.QuantizedInput`` a fused producer emitted for this route.
+        ``activation`` (``"gelu_tanh"``): return ``F.gelu(linear(x), approximate="tanh")`` — in the GEMM's
+        epilogue where a kernel runs (``fused.GeluEpilogueHook``), after it otherwise (the 16-bit route, the
+        torch reference, and whenever an observer must see the linear's own output)."""
         route = self.resolve(self.route)
         self.last_route = route
+        fused_act = None if self.observer is not None else activation
         if isinstance(x, ops().QuantizedInput):
             self.last_outliers = None
-            return ops().linear(x, self.packed, route, backend=self.backend)[0]
+            return ops().linear(x, self.packed, route, backend=self.backend, activation=activation)[0]
         if route == routes.FP16:
             # "device": .to() is a no-op; "stream": this layer's original weights are copied for this call
             # (from pinned memory: asynchronous on CUDA)
@@ -147,13 +151,14 @@ class SixBitLinear(nn.Module):
             b = None if src.bias is None else src.bias.to(x.device, non_blocking=True)
             y = F.linear(x, w, b)
             count = fmt.outlier_count(x, self.k_sigma)[0] if self.k_sigma is not None else None
+            fused_act = None
         else:
             y, count = ops().linear(x, self.packed, route, k_sigma=self.k_sigma, backend=self.backend,
-                                    cache=self.act_cache, reduce_amax=self.reduce_amax)
+                                    cache=self.act_cache, reduce_amax=self.reduce_amax, activation=fused_act)
         self.last_outliers = None if count is None else (count, x.numel())
         if self.observer is not None:
             self.observer(self, x, y)
-        return y
+        return y if fused_act == activation else fmt.activate(y, activation)
 
     def _apply(self, fn, recurse=True):
         # move the packed weights (and a device-resident original) with the module; never cast them

@@ -9,7 +9,8 @@ configured run can reach:
 * every routed linear (one per distinct layer shape, weight formats and rotation) on every route the
   config can decide — DMPQ's NVFP4 and INT8 (or W8A8), the 16-bit route of warm-up/PDR steps, a static
   baseline's one route — and the weight-only W4A16 layers, through the layer itself (``SixBitLinear``:
-  the same resolution, activation cache and kernel options as the run);
+  the same resolution, activation cache and kernel options as the run); the feed-forward projections whose
+  GEMM applies the GELU (``sixbit/fused.py``) once more on each kernel route, with that epilogue;
 * the block-statistics kernel (Γ alone, and with the delta change when TDC keeps deltas) and PDR's
   outlier count, on the blocks' stream widths;
 * each distinct attention (heads × head dim) through sixbit's processor: the fused q/k LayerNorm + rotary
@@ -89,6 +90,16 @@ def plan(handle) -> list[tuple[str, object]]:
             if key not in seen:
                 seen.add(key)
                 items.append((f"linear {m.in_features}→{m.out_features} {m.resolve(r)}", _linear(m, r)))
+    for m, _ in getattr(handle, "gelu_epilogue", ()):  # the same GEMMs with the GELU epilogue (sixbit/fused.py)
+        for r in linear_routes(cfg):
+            if m.resolve(r) == FP16:  # the 16-bit route's GELU is PyTorch's, after the linear
+                continue
+            key = ("linear", m.in_features, m.out_features, m.packed.formats, m.packed.hadamard_block, m.resolve(r),
+                   "gelu_tanh")
+            if key not in seen:
+                seen.add(key)
+                items.append((f"linear {m.in_features}→{m.out_features} (GELU epilogue) {m.resolve(r)}",
+                              _linear(m, r, "gelu_tanh")))
     for m in handle.weight_only_modules:
         key = ("linear", m.in_features, m.out_features, m.packed.formats, None, W4A16)
         if key not in seen:
@@ -168,12 +179,12 @@ def _rand(*shape, device, dtype, seed=0):
     return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
 
-def _linear(m, route: str):
+def _linear(m, route: str, activation: str | None = None):
     def run(dev, dtype):
         saved = m.route
         try:
             m.route = route
-            m(_rand(1, ROWS, m.in_features, device=dev, dtype=dtype))
+            m(_rand(1, ROWS, m.in_features, device=dev, dtype=dtype), activation)
         finally:
             m.route = saved
     return run

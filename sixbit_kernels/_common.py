@@ -18,6 +18,7 @@ Numerics notes that every kernel relies on (see ``sixbit/formats.py`` for the sp
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -99,13 +100,16 @@ def num_sms(device: torch.device) -> int:
 def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of this program in the grouped order of a 1-d GEMM grid: ``GROUP_M`` row tiles walk
     the N tiles together, so the weight tiles they share stay in L2."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
+    return tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+
+
+@triton.jit
+def tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of output tile number ``tile`` in :func:`grouped_tile`'s order (persistent loops)."""
     group = GROUP_M * num_n
-    first_m = (pid // group) * GROUP_M
+    first_m = (tile // group) * GROUP_M
     gsize = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + ((pid % group) % gsize), (pid % group) // gsize
+    return first_m + ((tile % group) % gsize), (tile % group) // gsize
 
 
 @triton.jit
@@ -300,3 +304,33 @@ def cast_out(v, dtype: tl.constexpr, INTERP: tl.constexpr):
         return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         return v.to(dtype)
+
+
+#: √(2/π) and the cubic coefficient of PyTorch's tanh-GELU (``kBeta = M_SQRT2 * M_2_SQRTPI * 0.5``)
+GELU_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
+GELU_KAPPA = 0.044715
+_BETA = tl.constexpr(GELU_BETA)  # what a jit function may read of a module global
+_KAPPA = tl.constexpr(GELU_KAPPA)
+
+
+@triton.jit
+def gelu_tanh(x, BETA: tl.constexpr, KAPPA: tl.constexpr):
+    """fp32 tanh-GELU ``0.5·x·(1 + tanh(u))``, ``u = β·(x + κ·x³)``, as ``x / (1 + e^{−2u})`` (the same function:
+    ``(1 + tanh u)/2 = σ(2u)``): one exp (MUFU) and one fast division (``div.full.f32``, ~2 ulp) per element,
+    so it costs little in a GEMM's epilogue. Tails: ``x → −∞`` gives −0 (``x / inf``; ``−inf`` itself gives
+    NaN, as PyTorch's), ``+∞`` gives ``+∞``, NaN stays NaN. Against PyTorch's ``tanhf`` form, values agree to a
+    few fp32 ulps (an ulp of a 16-bit dtype only where a value lies at a rounding boundary); in the negative
+    tail PyTorch's ``1 + tanh u`` keeps only fp32's absolute precision, and this form is the more accurate."""
+    inner = BETA * (x + KAPPA * (x * x * x))
+    return tl.fdiv(x, 1.0 + tl.exp(-2.0 * inner), ieee_rounding=False)
+
+
+@triton.jit
+def store_value(y, dtype: tl.constexpr, ACT: tl.constexpr, INTERP: tl.constexpr):
+    """An epilogue's fp32 ``y`` as stored: rounded to ``dtype``, and with ``ACT`` = 1 the tanh-GELU of that
+    rounded value, rounded again — what ``F.gelu(linear(x), approximate="tanh")`` computes, the linear's
+    output being a ``dtype`` tensor (PyTorch's GELU of a 16-bit tensor runs in fp32)."""
+    r = cast_out(y, dtype, INTERP)
+    if ACT == 1:
+        r = cast_out(gelu_tanh(r.to(tl.float32), _BETA, _KAPPA), dtype, INTERP)
+    return r

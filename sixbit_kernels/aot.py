@@ -58,7 +58,11 @@ def drive(sk, target) -> None:
         x = torch.empty(M_LARGE, k, dtype=torch.bfloat16)
         for route in ops.LINEAR_ROUTES:
             ops.linear(x, p, route, backend="triton", options=opts)
+            if n == 4 * k or (k, n) == (1536, 8960):  # a feed-forward's first projection: the GELU epilogue
+                ops.linear(x, p, route, backend="triton", options=opts, activation="gelu_tanh")
         ops.linear(x[:1024], p, "int8", backend="triton", options=opts)  # the self-check's problem
+        if (k, n) == (1920, 7680):  # an fp32 output of the decode-once GEMM (Hopper: not the persistent kernel)
+            sk.gemm_w4.gemm_w4(x[:1024], p.weight("nvfp4"), None, torch.float32, decode="once", target=target)
         sk.hadamard_quant.outlier_count(x, 8.0)  # PDR's block-input count
     for m, k, n in SMALL:
         p = _packed(ops, k, n, ("nvfp4",))

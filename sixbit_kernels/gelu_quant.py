@@ -5,17 +5,15 @@ CogVideoX's feed-forward is ``ff.net.2(GELU_tanh(ff.net.0.proj(x)))``; diffusers
 reads the projection's output once and writes the per-token INT8 codes (+ scales) of the rotated GELU:
 ``formats.gelu_int8`` is the reference.
 
-Arithmetic (fp contraction off), PyTorch's ``gelu(approximate="tanh")`` in fp32:
-``0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))``, rounded to the model dtype, then
-``rows_int8.store_int8_rows`` (the INT8 pass's rotation and rounding). ``tanh(u)`` is computed as
-``1 − 2 / (1 + e^{2u})`` (absolute error ~1e-7 next to the 1 it is added to), so a GELU value can differ
-from PyTorch's by one ulp of the model dtype where it lies near a rounding boundary, and then a code by
-one step (tests bound the rate).
+Arithmetic (fp contraction off): PyTorch's ``gelu(approximate="tanh")`` in fp32,
+``0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))``, computed as ``_common.gelu_tanh`` does (``x / (1 + e^{−2u})``,
+the same function, a few fp32 ulps from PyTorch's ``tanhf`` form), rounded to the model dtype, then
+``rows_int8.store_int8_rows`` (the INT8 pass's rotation and rounding). A GELU value can differ from PyTorch's
+by one ulp of the model dtype where it lies near a rounding boundary, and then a code by one step (tests bound
+the rate).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -23,21 +21,9 @@ import triton.language as tl
 
 from sixbit.formats import Int8Tensor
 
-from ._common import cast_out, check_launchable, make_h, num_sms
+from ._common import GELU_BETA, GELU_KAPPA, cast_out, check_launchable, gelu_tanh, make_h, num_sms
 from .hadamard_quant import _inv_sqrt
 from .rows_int8 import geometry, grid_size, store_int8_rows, tile_index
-
-#: √(2/π) and the cubic coefficient of PyTorch's tanh-GELU (``kBeta = M_SQRT2 * M_2_SQRTPI * 0.5``)
-GELU_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
-GELU_KAPPA = 0.044715
-
-
-@triton.jit
-def gelu_tanh(x, BETA: tl.constexpr, KAPPA: tl.constexpr):
-    """fp32 tanh-GELU in PyTorch's operation order; tanh via one exp (saturates cleanly at ±inf)."""
-    inner = BETA * (x + KAPPA * (x * x * x))
-    t = 1.0 - tl.math.div_rn(tl.full(x.shape, 2.0, tl.float32), 1.0 + tl.exp(2.0 * inner))
-    return 0.5 * x * (1.0 + t)
 
 
 @triton.jit

@@ -20,7 +20,8 @@ an fp32 tensor scale). Each K-step decodes a ``[BLOCK_N, BLOCK_K]`` weight tile 
 
 Epilogue (``_w4_epilogue``, shared with the decode-once kernel): ``acc * 2**7 * s_w`` (weight tensor
 scale), times ``2**7 * s_a`` (NVFP4 activations) or the per-token scale (INT8 activations), plus bias, cast
-to the output dtype. Never ``tl.dot_scaled``: on
+to the output dtype — then, with ``activation="gelu_tanh"``, the tanh-GELU of that rounded value, rounded again
+(``_common.store_value``: ``F.gelu(y, approximate="tanh")`` without writing ``y``). Never ``tl.dot_scaled``: on
 sm_90 it is emulated (0.33x of a bf16 dot, FACTS.md).
 """
 
@@ -32,9 +33,19 @@ import torch
 import triton
 import triton.language as tl
 
-from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
+from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor, act_code
 
-from ._common import cast_out, cdiv, check_launchable, decode_nvfp4, dot, grouped_tile, next_pow2
+from ._common import (
+    cdiv,
+    check_launchable,
+    decode_nvfp4,
+    dot,
+    grouped_tile,
+    next_pow2,
+    num_sms,
+    store_value,
+    tile_coords,
+)
 from .targets import HOPPER, KB, PORTABLE, DecodeConfig, GemmConfig, Target, W4Config, pick, resolve
 
 A_DENSE, A_SPLIT, A_NVFP4, A_INT8 = 0, 1, 2, 3
@@ -74,10 +85,10 @@ class SplitAct:
 
 
 @triton.jit
-def _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
-                 A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
+def _w4_scale(acc, offs_m, offs_n, M, N, wts_ptr, ats_ptr, rs_ptr, bias_ptr,
+              A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
     """``acc * 2**7 * s_w`` (× ``2**7 * s_a`` for NVFP4 activations, × the per-row scale for INT8 / scaled
-    fp16 ones) ``+ bias``, cast and stored with the M/N edges masked (rows/columns clamped for the loads)."""
+    fp16 ones) ``+ bias`` in fp32 (rows/columns past the edge read clamped scales: masked or clipped at the store)."""
     rm = (offs_m % M).to(tl.int64)
     rn = (offs_n % N).to(tl.int64)
     alpha = tl.load(wts_ptr) * 128.0
@@ -88,16 +99,25 @@ def _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr,
         acc = acc * tl.load(rs_ptr + rm)[:, None]
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+                 A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """:func:`_w4_scale`, cast (then ``ACT``'s activation) and stored with the M/N edges masked."""
+    y = _w4_scale(acc, offs_m, offs_n, M, N, wts_ptr, ats_ptr, rs_ptr, bias_ptr, A_TS, ROW_SCALE, HAS_BIAS)
     o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + o_off, cast_out(acc, out_ptr.dtype.element_ty, INTERP), mask=omask)
+    tl.store(out_ptr + o_off, store_value(y, out_ptr.dtype.element_ty, ACT, INTERP), mask=omask)
 
 
 @triton.jit
 def _gemm_w4_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
     M, N, K, stride_am, stride_om,
-    A_MODE: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    A_MODE: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
     OP: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr, SVEC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr, PTX: tl.constexpr,
@@ -169,7 +189,7 @@ def _gemm_w4_kernel(
     if SWAP:
         acc = tl.trans(acc)
     _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
-                 A_TS, ROW_SCALE, HAS_BIAS, INTERP)
+                 A_TS, ROW_SCALE, HAS_BIAS, ACT, INTERP)
 
 
 @triton.jit
@@ -197,51 +217,80 @@ def _decode_w_kernel(w_ptr, ws_ptr, out_ptr, N, K, SVEC: tl.constexpr,
 def _gemm_dense_w_kernel(
     a_src, w_src, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
     M, N, K, KA, stride_om,
-    SPLIT: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    TMA: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    INTERP: tl.constexpr, WS: tl.constexpr = False,
+    INTERP: tl.constexpr,
 ):
-    """The decode-once GEMM: 16-bit activations × the weight already decoded to 16-bit halves; same
-    epilogue as :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for the
-    ``[hi | lo]`` split form (``SPLIT``), whose second half re-reads the weight from column 0.
-    ``TMA`` (Hopper): ``a_src``/``w_src`` are tensor descriptors (zero-filled out of bounds), plain async
-    wgmma. Otherwise (portable): contiguous ``[M, KA]`` / ``[N, K]`` pointers, rows clamped, K tail masked."""
+    """The decode-once GEMM, portable variant: 16-bit activations × the weight already decoded to 16-bit
+    halves; same epilogue as :func:`_gemm_w4_kernel`. ``KA`` is the activation's width: ``K``, or ``2K`` for
+    the ``[hi | lo]`` split form (``SPLIT``), whose second half re-reads the weight from column 0. Contiguous
+    ``[M, KA]`` / ``[N, K]`` pointers, rows clamped, K tail masked; one program per output tile."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if TMA:
-        for ka in tl.range(0, KA, BLOCK_K, warp_specialize=WS):
-            a = a_src.load([m0, ka])
-            if SPLIT:
-                w = w_src.load([n0, ka % K])
-            else:
-                w = w_src.load([n0, ka])
-            acc += dot(a, tl.trans(w), INTERP)
-    else:
-        rm = (offs_m % M).to(tl.int64)
-        rn = (offs_n % N).to(tl.int64)
-        kb = tl.arange(0, BLOCK_K)
-        for ka in range(0, KA, BLOCK_K):
-            if SPLIT:
-                k0 = ka % K
-            else:
-                k0 = ka
-            a_off = rm[:, None] * KA + (ka + kb)[None, :]
-            w_off = rn[:, None] * K + (k0 + kb)[None, :]
-            if EVEN_K:
-                a = tl.load(a_src + a_off)
-                w = tl.load(w_src + w_off)
-            else:
-                a = tl.load(a_src + a_off, mask=(k0 + kb)[None, :] < K, other=0.0)
-                w = tl.load(w_src + w_off, mask=(k0 + kb)[None, :] < K, other=0.0)
-            acc += dot(a, tl.trans(w), INTERP)
+    rm = (offs_m % M).to(tl.int64)
+    rn = (offs_n % N).to(tl.int64)
+    kb = tl.arange(0, BLOCK_K)
+    for ka in range(0, KA, BLOCK_K):
+        if SPLIT:
+            k0 = ka % K
+        else:
+            k0 = ka
+        a_off = rm[:, None] * KA + (ka + kb)[None, :]
+        w_off = rn[:, None] * K + (k0 + kb)[None, :]
+        if EVEN_K:
+            a = tl.load(a_src + a_off)
+            w = tl.load(w_src + w_off)
+        else:
+            a = tl.load(a_src + a_off, mask=(k0 + kb)[None, :] < K, other=0.0)
+            w = tl.load(w_src + w_off, mask=(k0 + kb)[None, :] < K, other=0.0)
+        acc += dot(a, tl.trans(w), INTERP)
 
     _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
-                 A_TS, ROW_SCALE, HAS_BIAS, INTERP)
+                 A_TS, ROW_SCALE, HAS_BIAS, ACT, INTERP)
+
+
+@triton.jit
+def _gemm_dense_w_persistent_kernel(
+    a_desc, w_desc, o_desc, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+    M, N, K, KA, stride_om,
+    SPLIT: tl.constexpr, A_TS: tl.constexpr, ROW_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    TMA_STORE: tl.constexpr, NUM_SMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    """The decode-once GEMM, Hopper variant: persistent — program ``p`` computes output tiles ``p, p + NUM_SMS,
+    …`` in :func:`grouped_tile`'s order, one flattened loop over (tile, K step), so the next tile's TMA loads
+    are in flight while this tile's epilogue runs — with TMA descriptor loads (zero-filled out of bounds) and,
+    with ``TMA_STORE``, the output tile stored through a descriptor (rows/columns past the edge clipped by
+    the copy engine). Same operands, ``SPLIT`` and epilogue as :func:`_gemm_dense_w_kernel`."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(KA, BLOCK_K)
+    done = tl.program_id(0) - NUM_SMS  # the tile whose epilogue runs next (recomputed: no index lives across)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
+        pm, pn = tile_coords(tile, num_m, num_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            ka = kt * BLOCK_K
+            a = a_desc.load([pm * BLOCK_M, ka])
+            if SPLIT:
+                w = w_desc.load([pn * BLOCK_N, ka % K])
+            else:
+                w = w_desc.load([pn * BLOCK_N, ka])
+            acc += dot(a, tl.trans(w), INTERP)
+        done += NUM_SMS
+        pm, pn = tile_coords(done, num_m, num_n, GROUP_M)
+        offs_m = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+        if TMA_STORE:
+            y = _w4_scale(acc, offs_m, offs_n, M, N, wts_ptr, ats_ptr, rs_ptr, bias_ptr, A_TS, ROW_SCALE, HAS_BIAS)
+            o_desc.store([pm * BLOCK_M, pn * BLOCK_N], store_value(y, o_desc.dtype, ACT, INTERP))
+        else:
+            _w4_epilogue(acc, offs_m, offs_n, M, N, stride_om, wts_ptr, ats_ptr, rs_ptr, bias_ptr, out_ptr,
+                         A_TS, ROW_SCALE, HAS_BIAS, ACT, INTERP)
 
 
 #: per-tile-decode GEMM configs per A mode, ``[(min opt-in shared memory, config), ...]`` (``targets.pick``;
@@ -257,9 +306,11 @@ TILE_CONFIGS = {
     A_INT8: [(0, W4Config(128, 256, 64, 8, 8, 3, True))],
 }
 INTERP_CONFIG = W4Config(32, 32, 32, 4, 4, 1, False)
-#: decode-once GEMM configs per variant (Hopper: TMA descriptors; portable: pointer loads)
+#: decode-once GEMM configs per variant (Hopper: the persistent TMA kernel, tile picked on an H100 by the
+#: session-29 sweep at the 2B/5B shapes, benchmarks/results/probe_pgemm_h100_s29.json: 1.01–1.17x the
+#: one-tile-per-program kernel of sessions 8–28; portable: pointer loads)
 DENSE_W_CONFIGS = {
-    HOPPER: [(0, GemmConfig(256, 128, 64, 8, 8, 3))],
+    HOPPER: [(0, GemmConfig(128, 256, 64, 8, 8, 3))],
     PORTABLE: [(200 * KB, GemmConfig(256, 128, 64, 8, 8, 3)), (0, GemmConfig(128, 128, 64, 8, 4, 3))],
 }
 INTERP_DENSE_W_CONFIG = GemmConfig(32, 32, 32, 4, 4, 1)
@@ -299,6 +350,7 @@ def gemm_w4(
     decode: str = "auto",
     target: Target | None = None,
     decode_once_min_m: int = DECODE_ONCE_MIN_M,
+    activation: str | None = None,
 ) -> torch.Tensor:
     """``A @ dequant(W)^T + bias`` with W packed NVFP4 ``[N, K]``.
 
@@ -313,8 +365,10 @@ def gemm_w4(
     activations with at least ``decode_once_min_m`` rows. Same numbers either way (the decoded halves
     are exact). ``config`` is the tile config of whichever kernel runs; ``target`` (default: the device's,
     ``targets.device_target``) picks the variant (decode-once through TMA descriptors on ``hopper``,
-    pointer loads on ``portable``), the configs and the decoder.
+    pointer loads on ``portable``), the configs and the decoder. ``activation`` (``"gelu_tanh"``): the
+    activation of the rounded output, in the epilogue.
     """
+    act = act_code(activation)
     if decode not in ("auto", "tile", "once"):
         raise ValueError(f"decode must be 'auto', 'tile' or 'once', got {decode!r}")
     wd, ws, wts = _weight_parts(w)
@@ -367,7 +421,7 @@ def gemm_w4(
     if decode == "once" and a1.data_ptr() % 16:
         a1 = a1.clone()  # TMA needs a 16-byte aligned base
     if decode == "once" or (decode == "auto" and dense16 and M >= decode_once_min_m and a1.data_ptr() % 16 == 0):
-        return _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt)
+        return _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt, act)
     cfg = config or (INTERP_CONFIG if interp else tile_config(tgt, mode))
     bm, bn, bk, gm, nw, ns, swap = cfg
     bk = min(bk, max(16, next_pow2(K)))
@@ -380,7 +434,7 @@ def gemm_w4(
         a_ts if a_ts is not None else dummy, row_scale if row_scale is not None else dummy,
         bias if bias is not None else dummy, out,
         M, N, K, a1.stride(0), out.stride(0),
-        A_MODE=mode, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+        A_MODE=mode, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None, ACT=act,
         OP=op, SWAP=swap, EVEN_K=(K % bk == 0), SVEC=min(bk // 16, _lowbit(K // 16)),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, PTX=tgt.ptx_decode,
         num_warps=nw, num_stages=ns,
@@ -411,12 +465,7 @@ def decode_weight(w: NVFP4Tensor, dtype: torch.dtype = torch.float16, *, target:
     return out
 
 
-#: Triton's automatic warp specialization of the decode-once K loop (TMA variant): on the H200 under Triton 3.6 the
-#: same speed and output as without (0.413 vs 0.413 ms at 2B's 1920 x 1920; probe_ws_gemm_h200_s28.log), so off
-DENSE_W_WS = False
-
-
-def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt: Target):
+def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tgt: Target, act: int = 0):
     wdec = decode_weight(w, torch.bfloat16 if op == tl.bfloat16 else torch.float16, target=tgt)
     M, N, KA = a1.shape[0], wdec.shape[0], a1.shape[1]
     K = wdec.shape[1]
@@ -424,21 +473,24 @@ def _gemm_decoded_once(a1, w, op, a_ts, row_scale, bias, out, config, interp, tg
     bk = min(bk, max(16, next_pow2(K)))
     if KA != K:
         bk = min(bk, _lowbit(K))  # [hi | lo]: a K tile must not straddle the halves
-    use_tma = tgt.variant == HOPPER
-    a_src, w_src = a1, wdec
-    if use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        a_src, w_src = TensorDescriptor.from_tensor(a1, [bm, bk]), TensorDescriptor.from_tensor(wdec, [bn, bk])
     wts = w.tensor_scale.float().reshape(1)
-    grid = (cdiv(M, bm) * cdiv(N, bn),)
-    _gemm_dense_w_kernel[grid](
-        a_src, w_src, wts, a_ts if a_ts is not None else wts,
-        row_scale if row_scale is not None else wts, bias if bias is not None else wts, out,
-        M, N, K, KA, out.stride(0),
-        SPLIT=KA != K, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
-        TMA=use_tma, EVEN_K=K % bk == 0,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, WS=DENSE_W_WS and use_tma,
-        num_warps=nw, num_stages=ns,
-    )
+    scalars = (wts, a_ts if a_ts is not None else wts, row_scale if row_scale is not None else wts,
+               bias if bias is not None else wts, out, M, N, K, KA, out.stride(0))
+    flags = dict(SPLIT=KA != K, A_TS=a_ts is not None, ROW_SCALE=row_scale is not None, HAS_BIAS=bias is not None,
+                 ACT=act, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
+    # the persistent kernel keeps its pipeline buffers live through the epilogue, whose layout change of a
+    # 128 x 256 fp32 output tile needs 128 KB more shared memory than Hopper has left at 3 stages (measured on an
+    # H100: OutOfResources): fp32 outputs (an fp32 model) run the one-tile-per-program kernel
+    if tgt.variant != HOPPER or out.element_size() != 2:
+        _gemm_dense_w_kernel[(tiles,)](a1, wdec, *scalars, EVEN_K=K % bk == 0, **flags)
+        return out
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    desc = lambda t, rows: TensorDescriptor.from_tensor(t, [rows, bk])  # noqa: E731
+    store = (N * 2) % 16 == 0 and out.data_ptr() % 16 == 0  # a TMA store's 16-byte row pitch
+    sms = num_sms(a1.device)
+    _gemm_dense_w_persistent_kernel[(min(sms, tiles),)](
+        desc(a1, bm), desc(wdec, bn), TensorDescriptor.from_tensor(out, [bm, bn]) if store else out, *scalars,
+        TMA_STORE=store, NUM_SMS=sms, **flags)
     return out

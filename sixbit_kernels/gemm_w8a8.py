@@ -19,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sixbit.formats import Int8Tensor
+from sixbit.formats import Int8Tensor, act_code
 
-from ._common import cast_out, cdiv, check_launchable, grouped_tile, next_pow2
+from ._common import cdiv, check_launchable, grouped_tile, next_pow2, store_value
 from .targets import HOPPER, PORTABLE, GemmConfig, Target, pick, resolve
 
 
@@ -29,14 +29,15 @@ from .targets import HOPPER, PORTABLE, GemmConfig, Target, pick, resolve
 def _gemm_w8a8_kernel(
     a_src, w_src, o_desc, sa_ptr, sw_ptr, bias_ptr, out_ptr,
     M, N, K, stride_am, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, TMA_STORE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, TMA_STORE: tl.constexpr, ACT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     """One GEMM loop, two operand paths. ``TMA`` (Hopper): ``a_src``/``w_src`` are tensor descriptors
     (zero-filled out of bounds, so no K masks; the copy engine feeds shared memory), and with
     ``TMA_STORE`` the output tile leaves through ``o_desc`` too (rows past M clipped by the copy engine).
-    Otherwise (portable, any capability >= 8.0) they are pointers: rows clamped, K tail masked."""
+    Otherwise (portable, any capability >= 8.0) they are pointers: rows clamped, K tail masked.
+    ``ACT``: the activation applied to the rounded output (``_common.store_value``; 0: none)."""
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
@@ -65,10 +66,10 @@ def _gemm_w8a8_kernel(
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
     if TMA_STORE:
-        o_desc.store([m0, n0], cast_out(_w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS),
-                                        o_desc.dtype, INTERP))
+        o_desc.store([m0, n0], store_value(_w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS),
+                                           o_desc.dtype, ACT, INTERP))
     else:
-        _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, INTERP)
+        _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr, HAS_BIAS, ACT, INTERP)
 
 
 @triton.jit
@@ -87,12 +88,12 @@ def _w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS: t
 
 @triton.jit
 def _w8a8_epilogue(acc, offs_m, offs_n, M, N, stride_om, sa_ptr, sw_ptr, bias_ptr, out_ptr,
-                   HAS_BIAS: tl.constexpr, INTERP: tl.constexpr):
-    """The fp32 rescale, one rounding to the output dtype, masked pointer store."""
+                   HAS_BIAS: tl.constexpr, ACT: tl.constexpr, INTERP: tl.constexpr):
+    """The fp32 rescale, one rounding to the output dtype (and the activation), masked pointer store."""
     y = _w8a8_scale(acc, offs_m, offs_n, M, N, sa_ptr, sw_ptr, bias_ptr, HAS_BIAS)
     o_off = offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     omask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + o_off, cast_out(y, out_ptr.dtype.element_ty, INTERP), mask=omask)
+    tl.store(out_ptr + o_off, store_value(y, out_ptr.dtype.element_ty, ACT, INTERP), mask=omask)
 
 
 #: per variant, ``[(min opt-in shared memory, config), ...]`` (``targets.pick``). Hopper: picked by
@@ -119,13 +120,16 @@ def gemm_w8a8(
     config: GemmConfig | None = None,
     target: Target | None = None,
     tma_store: bool = True,
+    activation: str | None = None,
 ) -> torch.Tensor:
     """``dequant(a) @ dequant(w)^T + bias`` for per-token INT8 ``a [M, K]`` and per-channel INT8 ``w [N, K]``.
 
     ``target`` (default: the device's, ``targets.device_target``) picks the variant and config: ``hopper``
     reads the operands through TMA tensor descriptors (needs K a multiple of 16 and 16-byte aligned bases;
     otherwise it falls back to pointer loads) and, with ``tma_store`` where the row pitch allows, stores
-    the output tile through one; ``portable`` uses pointer loads."""
+    the output tile through one; ``portable`` uses pointer loads. ``activation`` (``"gelu_tanh"``): the
+    activation of the rounded output, in the epilogue (``F.gelu(y, approximate="tanh")`` of the output)."""
+    act = act_code(activation)
     qa, qw = a.data, w.data
     if qa.dtype != torch.int8 or qw.dtype != torch.int8:
         raise TypeError("gemm_w8a8 needs int8 codes for both operands")
@@ -157,7 +161,7 @@ def gemm_w8a8(
     _gemm_w8a8_kernel[grid](
         a_src, w_src, o_desc, sa, sw, bias if bias is not None else sa, out,
         M, N, K, qa.stride(0), qw.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, EVEN_K=(K % bk == 0), TMA=use_tma, TMA_STORE=store,
+        HAS_BIAS=bias is not None, EVEN_K=(K % bk == 0), TMA=use_tma, TMA_STORE=store, ACT=act,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, INTERP=interp, num_warps=nw, num_stages=ns,
     )
     return out

@@ -561,9 +561,10 @@ def _act_triton(x2: torch.Tensor, form: str, hb, k_sigma, target=None, reduce_am
 
 
 def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, impl: str,
-                   target: targets.Target | None, options: KernelOptions, cache=None, x=None, reduce_amax=None):
+                   target: targets.Target | None, options: KernelOptions, cache=None, x=None, reduce_amax=None,
+                   activation: str | None = None):
     """One route on one implementation: ``hopper-triton`` / ``portable-triton`` (``target`` of that
-    variant) or ``blackwell-native`` (the nvfp4 route through ``torch._scaled_mm``)."""
+    variant) or ``blackwell-native`` (the nvfp4 route through ``torch._scaled_mm``, the activation after it)."""
     hb = packed.hadamard_block
     out_dtype = x2.dtype
     bias = packed.bias
@@ -573,12 +574,13 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
     a, count = _cached(cache, x, ("triton", form, hb, k_sigma),
                        lambda: _act_triton(x2, form, hb, k_sigma, target, reduce_amax))
     if route == "w8a8":
-        y = gemm_w8a8(a, w, bias, out_dtype, target=target)
+        y = gemm_w8a8(a, w, bias, out_dtype, target=target, activation=activation)
     elif native:
-        y = blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype)
+        y = spec.activate(blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype), activation)
     else:
-        y = gemm_w4(a, w, bias, out_dtype, target=target)
+        y = gemm_w4(a, w, bias, out_dtype, target=target, activation=activation)
     return y, (None if count is None else count.to(torch.int64))
+
 
 
 def _variant_target(base: targets.Target, impl: str) -> targets.Target:
@@ -611,14 +613,17 @@ def _route_impl(x2, packed: PackedLinear, route: str, k_sigma) -> str:
 
 def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float | None = None,
            backend: str = "auto", cache: ActCache | None = None, options: KernelOptions | None = None,
-           reduce_amax=None):
+           reduce_amax=None, activation: str | None = None):
     """``y = x @ W^T + b`` on ``route`` with packed weights; see the module docstring for the contract.
     ``cache``: an :class:`ActCache` shared by linears that may read the same ``x`` (quantize once).
     ``options``: explicit kernel switches (:class:`KernelOptions`). ``reduce_amax``: the nvfp4 route's
     per-tensor amax hook (``formats.nvfp4_tensor_scale``; ``sixbit.parallel``: MAX over the ranks). ``x`` may
-    be a :class:`QuantizedInput` (its producer already quantized it): then the GEMM alone runs."""
+    be a :class:`QuantizedInput` (its producer already quantized it): then the GEMM alone runs.
+    ``activation`` (``"gelu_tanh"``, default None): ``F.gelu(y, approximate="tanh")`` of the output, in the
+    GEMM's epilogue on the Triton paths (the 16-bit ``y`` is never written), after it on the torch reference."""
+    spec.act_code(activation)  # a ValueError naming the choices, before any work
     if isinstance(x, QuantizedInput):
-        return _linear_prequantized(x, packed, route, k_sigma, backend, options or DEFAULT_OPTIONS)
+        return _linear_prequantized(x, packed, route, k_sigma, backend, options or DEFAULT_OPTIONS, activation)
     if route not in LINEAR_ROUTES:
         raise ValueError(f"route must be one of {LINEAR_ROUTES}, got {route!r}"
                          + (" (the fp16 route uses the original layer, which PackedLinear does not hold)"
@@ -645,8 +650,9 @@ def linear(x: torch.Tensor, packed: PackedLinear, route: str, *, k_sigma: float 
         impl = _impl_name(tgt or targets.device_target(x2.device))
     if be == "torch":
         y, count = _linear_torch(x2, packed, route, k_sigma, cache, x, reduce_amax)
+        y = spec.activate(y, activation)
     else:
-        y, count = _linear_triton(x2, packed, route, k_sigma, impl, tgt, opts, cache, x, reduce_amax)
+        y, count = _linear_triton(x2, packed, route, k_sigma, impl, tgt, opts, cache, x, reduce_amax, activation)
     return y.reshape(*lead, packed.out_features), count
 
 
@@ -709,7 +715,7 @@ class _Rows:
 
 
 def _linear_prequantized(x: QuantizedInput, packed: PackedLinear, route: str, k_sigma, backend: str,
-                         opts: KernelOptions):
+                         opts: KernelOptions, activation: str | None = None):
     need = operand_form(packed, route, opts)
     if need is None or need != x.form:
         raise ValueError(f"route {route!r} on this layer reads {need or 'no pre-quantized'} operand; the producer "
@@ -729,12 +735,12 @@ def _linear_prequantized(x: QuantizedInput, packed: PackedLinear, route: str, k_
     if be == "torch":
         xq = x.act.data.float() * x.act.scale.float()
         y = xq @ _dense_weight(packed, WEIGHT_FORMAT[route]).T
-        y = (y + packed.bias.float() if packed.bias is not None else y).to(x.dtype)
+        y = spec.activate((y + packed.bias.float() if packed.bias is not None else y).to(x.dtype), activation)
     elif route == "w8a8":
-        y = gemm_w8a8(x.act, w, packed.bias, x.dtype, target=tgt)
+        y = gemm_w8a8(x.act, w, packed.bias, x.dtype, target=tgt, activation=activation)
     else:
         a = DenseAct(x.act.data, "int8", row_scale=x.act.scale) if x.form == "int8-dense" else x.act
-        y = gemm_w4(a, w, packed.bias, x.dtype, target=tgt)
+        y = gemm_w4(a, w, packed.bias, x.dtype, target=tgt, activation=activation)
     return y.reshape(*x.lead, packed.out_features), None
 
 

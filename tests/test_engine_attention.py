@@ -165,6 +165,9 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         assert {n for n in names if n.startswith("norm_modulate_int8")} == {  # the fused producer, both forms
             f"norm_modulate_int8 {dim}", f"norm_modulate_int8 {dim} dense"}
         assert f"gated_residual {dim}" in names  # the fused block forward's x + gate · y
+        ff = {(m.in_features, m.out_features) for m, _ in h.gelu_epilogue}  # ff.net.0.proj: GELU in the GEMM
+        assert len(h.gelu_epilogue) == len(h.block_hooks) and len(ff) == 1
+        assert {f"linear {k}→{n} (GELU epilogue) {r}" for k, n in ff for r in ("nvfp4", "int8", "w4a16")} <= set(names)
         assert len(names) == len(set(names))
         seen = []
         real = ops().linear

@@ -243,3 +243,87 @@ def test_rejects_mismatched_k():
         g4.gemm_w4(x.to(DEV), w4.to(DEV))
     with pytest.raises(TypeError):
         g4.gemm_w4(x.float().to(DEV), spec.quantize_nvfp4(w).to(DEV))
+
+
+def _assert_is_gelu_of(y_act: torch.Tensor, y: torch.Tensor, max_rate: float = 0.01) -> None:
+    """``y_act`` is ``F.gelu(y, approximate="tanh")`` of the same kernel's own output ``y``, with the same
+    non-finite entries; finite ones equal up to one ulp of the output dtype on at most ``max_rate`` of the
+    entries, or within ``|y|·2⁻²¹`` (the kernel's ``tanh`` is ``1 − 2/(1+e^{2u})``, ``_common.gelu_tanh``: in the
+    negative tail ``1 + tanh`` keeps fp32's absolute precision only, PyTorch's as well)."""
+    ref = spec.activate(y.cpu(), "gelu_tanh")
+    got = y_act.cpu()
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isnan(got), torch.isnan(ref)) and torch.equal(got[torch.isinf(ref)], ref[torch.isinf(ref)])
+    diff = (got[fin].float() - ref[fin].float()).abs()
+    tail = y.cpu()[fin].float().abs() * 2.0**-21
+    ulp = torch.finfo(ref.dtype).eps * ref[fin].float().abs() if ref.dtype != torch.float32 else 0 * diff
+    assert bool((diff <= torch.maximum(ulp * 1.01, tail)).all())
+    assert float((diff > tail).float().mean()) <= max_rate
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kernel", ["w8a8-hopper", "w8a8-hopper-ptr", "w8a8-portable", "w4a8-tile", "w4a8-once-hopper",
+                                    "w4a8-once-portable", "w4a4-tile", "w4a16-once-hopper"])
+def test_gelu_epilogue_is_gelu_of_the_output(kernel, dtype):
+    """``activation="gelu_tanh"``: the epilogue's GELU of the rounded output, for each GEMM path and output
+    dtype — on an awkward shape (M, N not tile multiples), magnitudes from −40 to 40 (GELU's tails: 0 and the
+    identity), and ±inf / NaN bias columns (GELU(+inf) = +inf, GELU(−inf) = NaN as in PyTorch)."""
+    x, w, b = _data(37, 72, 96, seed=11)
+    x = x * 8
+    b = b * 4
+    b[5], b[6], b[7] = float("inf"), float("-inf"), float("nan")
+    bd = b.to(DEV)
+    if kernel.startswith("w8a8"):
+        q8, _ = hq.quantize_int8_act(x.to(DEV))
+        kw = {"target": VARIANT_TARGETS[kernel.split("-")[1]], "tma_store": not kernel.endswith("ptr"),
+              "config": (32, 32, 32, 4, 4, 1)}
+        run = lambda act: g8.gemm_w8a8(q8, spec.quantize_int8(w).to(DEV), bd, dtype, activation=act, **kw)  # noqa: E731
+    else:
+        w4 = spec.quantize_nvfp4(w).to(DEV)
+        mode, decode = kernel.split("-", 1)
+        if mode == "w4a8":
+            a = hq.quantize_int8_act(x.to(DEV), dense=decode != "tile")[0]
+            a = g4.DenseAct(a.data, "int8", row_scale=a.scale) if decode != "tile" else a
+        elif mode == "w4a4":
+            a = hq.quantize_nvfp4_act(x.to(DEV))[0]
+        else:
+            a = x.to(DEV)
+        run = lambda act: g4.gemm_w4(a, w4, bd, dtype, activation=act, **_decode(decode))  # noqa: E731
+    y = run(None)
+    assert float(y.float().abs().nan_to_num(posinf=0).max()) > 20  # both tails of the GELU are exercised
+    _assert_is_gelu_of(run("gelu_tanh"), y)
+
+
+def test_activation_is_checked_by_name():
+    x, w, b = _data(4, 16, 32, seed=1)
+    q8, _ = hq.quantize_int8_act(x.to(DEV))
+    for call in (lambda: g8.gemm_w8a8(q8, spec.quantize_int8(w).to(DEV), activation="relu"),
+                 lambda: g4.gemm_w4(q8, spec.quantize_nvfp4(w).to(DEV), activation="gelu")):
+        with pytest.raises(ValueError, match="activation must be one of"):
+            call()
+
+
+@pytest.mark.parametrize("n", [40, 36])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_persistent_decode_once_equals_the_portable_kernel(n, dtype, monkeypatch):
+    """The Hopper decode-once GEMM (persistent: several tiles per program in the interpreter's 4 "SMs"; a TMA
+    store, or the masked pointer store where the row pitch is not 16-byte aligned — 36 bf16 columns) computes
+    what the one-tile-per-program portable kernel computes, on plain, INT8-dense and ``[hi | lo]`` operands."""
+    x, w, b = _data(70, n, 96, seed=n)
+    w4 = spec.quantize_weight(w, "nvfp4", 32).to(DEV)
+    d8, _ = hq.quantize_int8_act(x.to(DEV), dense=True)
+    pair, _ = hq.rotate_split(x.to(DEV), 32)
+    for a in (x.to(DEV), g4.DenseAct(d8.data, "int8", row_scale=d8.scale), pair):
+        ys = [g4.gemm_w4(a, w4, b.to(DEV), dtype, decode="once", target=VARIANT_TARGETS[v], activation=act)
+              for act in (None, "gelu_tanh") for v in ("hopper", "portable")]
+        assert torch.equal(ys[0], ys[1]) and torch.equal(ys[2], ys[3])
+    # 16-bit outputs run the persistent kernel on Hopper; fp32 outputs the one-tile-per-program kernel (shared memory)
+    launched = []
+    for name in ("_gemm_dense_w_kernel", "_gemm_dense_w_persistent_kernel"):
+        kern = getattr(g4, name)
+        monkeypatch.setattr(g4, name, type("K", (), {"__getitem__": lambda self, grid, k=kern, n=name:
+                                                     launched.append(n) or k[grid]})())
+    for out in (dtype, torch.float32):
+        g4.gemm_w4(x.to(DEV), w4, None, out, decode="once", target=VARIANT_TARGETS["hopper"])
+    assert launched == ["_gemm_dense_w_persistent_kernel", "_gemm_dense_w_kernel"]
