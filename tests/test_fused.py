@@ -18,7 +18,7 @@ from sixbit import SixBitConfig, attention, fused
 from sixbit import formats as spec
 from sixbit.adapters import COGVIDEOX
 from sixbit.linear import ops, swap_linears
-from sixbit.testing import generate, tiny_cogvideox_pipeline
+from sixbit.testing import generate, tiny_cogvideox_pipeline, tiny_wan_pipeline
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 #: the dtypes the block tests run: fp32 too in the interpreter; on CUDA the producers take bf16/fp16 only
@@ -267,3 +267,15 @@ def test_quantized_input_with_gelu_equals_gelu_of_linear(backend):
     y = ops().linear(q, p, "w8a8", backend=backend, activation="gelu_tanh")[0]
     ref = torch.nn.functional.gelu(ops().linear(x, p, "w8a8", backend=backend)[0], approximate="tanh")
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_wan_feed_forward_gelu_runs_in_the_epilogue(one_thread):
+    """Wan's ``ffn.net.0`` is a tanh GELU too: hooked once per block, and the video equals the one without the
+    hook (torch reference: PyTorch's GELU after the linear either way, so bit for bit)."""
+    pipe = tiny_wan_pipeline()
+    out = {}
+    for on in (False, True):
+        with sixbit.apply(pipe, SixBitConfig.preset("w8a8", backend="torch", gelu_epilogue=on)) as h:
+            out[on] = generate(pipe, num_inference_steps=2)
+            assert [k.calls > 0 for _, k in h.gelu_epilogue] == ([True] * 2 if on else [])
+    assert torch.equal(out[True], out[False])
