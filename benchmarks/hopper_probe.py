@@ -6,8 +6,10 @@
   effect); session 29's persistent-kernel sweep that replaced that kernel (``probe_pgemm_h100_s29.json`` /
   ``.log``: tiles, stages, TMA store, epilogue subtiling, loop flattening; 1.01–1.17x the old kernel at the six
   shapes) ran a copy of the kernel kept in this file until it moved to ``sixbit_kernels/gemm_w4.py``;
-* ``attn``: warp specialization of the 8-bit attention's key loop (``attention_fp8.WARP_SPECIALIZE``) against
-  the kernel without it and cuDNN SDPA;
+* ``attn``: the 8-bit attention kernel on the strided q / out views the attention processor passes against
+  contiguous ones and cuDNN SDPA (session 30). Earlier versions of this part timed warp specialization of the key
+  loop (``probe_ws_attn_h200_s28.json``: no effect) and, in session 30, the row sum of P by an MMA with a ones
+  column (``probe_rsum_h200_s30.json``/``.log``: 0.92x the kernel at 2B and wrong on the GPU; removed);
 * ``resid``: ``gated_residual`` against PyTorch's ``x + gate * y`` (bit equality checked), a few tiles;
 * ``l1``: ``block_stats.finite_l1_mean`` against ``sixbit.tdc.l1_size`` on a regated piece (a strided view);
 * ``gelu``: ff.net.0.proj's GEMM with the GELU in its epilogue against the GEMM + PyTorch's GELU, at 2B and 5B
@@ -59,40 +61,28 @@ if part in ("all", "gemm"):  # session 29: the decode-once GEMM (now persistent)
         torch.cuda.empty_cache()
     res["gemm"] = rows
 
-if part in ("all", "attn"):
-    B, H, S, D = 2, 30, 17776, 64
-    q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
-    t_cudnn = bench(lambda: F.scaled_dot_product_attention(q, k, v))
-    arows = {"cudnn_ms": t_cudnn, "cfgs": []}
-    for cfg in [
-        (64, 256, 4, 3),
-        (128, 128, 4, 3),
-        (128, 256, 8, 2),
-        (128, 128, 8, 3),
-        (64, 256, 4, 2),
-        (128, 256, 8, 3),
-    ]:
-        kv = A.quantize_kv(k, v, block_n=cfg[1])
-        ref = A.attention_fp8(q, kv, config=(64, 256, 4, 3)) if cfg[1] == 256 else None
-        for ws in (False, True):
-            A.WARP_SPECIALIZE = ws
-            try:
-                f = lambda: A.attention_fp8(q, kv, config=cfg)
-                y = f()
-                same = None if ref is None else float((y.float() - ref.float()).abs().max())
-                t = bench(f)
-                arows["cfgs"].append({"cfg": cfg, "ws": ws, "ms": t, "maxdiff_vs_default": same})
-                print(
-                    "attn",
-                    cfg,
-                    ws,
-                    f"{t:.3f} ms cudnn {t_cudnn:.3f} ({t_cudnn / t:.3f}x) diff={same}",
-                    flush=True,
-                )
-            except Exception as e:  # noqa: BLE001
-                arows["cfgs"].append({"cfg": cfg, "ws": ws, "error": repr(e)[:300]})
-                print("attn", cfg, ws, "ERR", repr(e)[:300], flush=True)
-        A.WARP_SPECIALIZE = False
+if part in ("all", "attn"):  # session 30: the kernel on the processor's strided q / out views vs contiguous ones
+    arows = []
+    for B, H, S, D in [(2, 30, 17776, 64), (2, 48, 17776, 64)]:
+        q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        t_cudnn = bench(lambda: F.scaled_dot_product_attention(q, k, v))
+        kv = A.quantize_kv(k, v)
+        qs = q.transpose(1, 2).contiguous().transpose(1, 2)  # [B, S, H, D] memory, as the projections write it
+        out_s = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+        ref = A.attention_fp8(q, kv)
+        cases = {"contiguous q, out": lambda: A.attention_fp8(q, kv),
+                 "strided q": lambda: A.attention_fp8(qs, kv),
+                 "strided q, out": lambda: A.attention_fp8(qs, kv, out=out_s),
+                 "K/V pass + strided q, out": lambda: A.attention_fp8(qs, A.quantize_kv(k, v), out=out_s)}
+        for name, f in cases.items():
+            same = bool(torch.equal(f(), ref))
+            t = bench(f)
+            row = {"shape": (B, H, S, D), "case": name, "ms": t, "cudnn_ms": t_cudnn, "x_cudnn": t_cudnn / t,
+                   "same_as_contiguous": same}
+            arows.append(row)
+            print("attn", row, flush=True)
+        del q, k, v, kv, qs, out_s
+        torch.cuda.empty_cache()
     res["attn"] = arows
 
 if part in ("all", "resid"):

@@ -96,29 +96,33 @@ def _run_denoise(pipe, call: dict, steps: int, device, marks: list[float] | None
 
 
 
-#: a timed step slower than this × the median of its kind (same number of computed block evaluations)
-#: is reported: a first-use compile or another one-off inside the timed loop
+#: a timed step slower than this × the median of its kind (same number of computed block evaluations, same
+#: precision) is reported: a first-use compile or another one-off inside the timed loop
 STEP_OUTLIER_RATIO = 1.2
 
 
-def step_kinds(trace: dict | None, n_steps: int) -> list[int]:
+def step_kinds(trace: dict | None, n_steps: int) -> list[int | str]:
     """Per step, its kind: the number of block evaluations computed in it (all branches) — from a sixbit
     trace; without one (the bf16 rows) every step computes everything and is of one kind. A cell of TDC's
     attention scope that reused its attention (computed *and* skipped) is not counted: it costs a fraction
-    of a computed one."""
+    of a computed one. A full-precision step — every linear it ran on the 16-bit route (DMPQ's first steps,
+    which have no Γ yet) — is a kind of its own, ``"<n> at 16 bits"``: it does other work than a quantized
+    step computing as many blocks, by design, not by a one-off."""
     if trace is None:
         return [0] * n_steps
-    kinds = []
+    kinds: list[int | str] = []
     for st in trace["steps"][:n_steps]:
         branches = [st, *(st.get("other_branches") or {}).values()]
-        kinds.append(sum(1 for br in branches for b in br.get("blocks", []) if b and b.get("computed") and not b.get("skipped")))
+        n = sum(1 for br in branches for b in br.get("blocks", []) if b and b.get("computed") and not b.get("skipped"))
+        ran = [r for br in branches for r in br.get("routes") or [] if r not in (None, "skipped")]
+        kinds.append(f"{n} at 16 bits" if ran and all(r == "fp16" for r in ran) else n)
     return kinds + [0] * (n_steps - len(kinds))
 
 
-def step_outliers(step_s: list[float], kinds: list[int], ratio: float = STEP_OUTLIER_RATIO) -> dict[str, Any]:
+def step_outliers(step_s: list[float], kinds: list[int | str], ratio: float = STEP_OUTLIER_RATIO) -> dict[str, Any]:
     """Steps slower than ``ratio`` × the median step of their kind: ``{"ratio", "worst", "outliers":
     [{"step", "kind", "s", "median_s"}], "kinds"}`` (``worst``: the largest step / median-of-its-kind)."""
-    by_kind: dict[int, list[float]] = {}
+    by_kind: dict[int | str, list[float]] = {}
     for t, k in zip(step_s, kinds):
         by_kind.setdefault(k, []).append(t)
     med = {k: float(np.median(v)) for k, v in by_kind.items()}

@@ -14,6 +14,9 @@ No TDC (every block computed), so the table is the cost of one computed block st
 
     python -m benchmarks step_profile --size 2b --out benchmarks/results/step_profile_h200_2b
 
+``--ops N`` also lists the N PyTorch operators whose own kernels take the most time, with their input shapes and
+calls per step — what "other" is made of (``step_profile_h200_2b_s30ops.md``).
+
 DMPQ routes by Γ of the random weights unless ``--schedule`` gives a recorded schedule with routes
 (``benchmarks/results/schedule_mini.json``): then the configurations with TDC (``full``, ``full_w8a8``, …)
 replay its routes with every block computed (``SkipSchedule.dense``: a skipped cell takes the routes of
@@ -50,10 +53,13 @@ def category(name: str) -> str:
     return "other"
 
 
-def profile(pipe, call, steps: int, skip: int) -> dict:
+def profile(pipe, call, steps: int, skip: int, ops: int = 0) -> dict:
+    """CUDA time per step by category and the top kernels; ``ops`` > 0 also records the PyTorch operators whose
+    own kernels (not sixbit's) take the most time, with their input shapes and calls per step — what "other" is."""
     from torch.profiler import ProfilerActivity, schedule
 
-    prof = torch.profiler.profile(activities=[ProfilerActivity.CUDA],
+    acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if ops else [])
+    prof = torch.profiler.profile(activities=acts, record_shapes=bool(ops),
                                   schedule=schedule(wait=skip - 1, warmup=1, active=steps - skip))
 
     def cb(p, i, t, kw):
@@ -70,12 +76,23 @@ def profile(pipe, call, steps: int, skip: int) -> dict:
         us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
         if not us or e.key.startswith(("ProfilerStep", "cuda", "aten::")):
             continue
+        if ops and e.device_type != torch.autograd.DeviceType.CUDA:  # CPU-side operators and annotations
+            continue
         per[category(e.key)] += us / 1e3 / n
         top[e.key] = top.get(e.key, 0.0) + us / 1e3 / n
     total = sum(per.values())
-    return {"ms_per_step": per, "total_ms_per_step": total,
-            "top_kernels": sorted(((k, v) for k, v in top.items()), key=lambda kv: -kv[1])[:12],
-            "profiled_steps": n}
+    res = {"ms_per_step": per, "total_ms_per_step": total,
+           "top_kernels": sorted(((k, v) for k, v in top.items()), key=lambda kv: -kv[1])[:12],
+           "profiled_steps": n}
+    if ops:
+        rows = []
+        for e in prof.key_averages(group_by_input_shape=True):
+            us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+            if us and e.key.startswith("aten::"):
+                rows.append({"op": e.key, "shapes": str(e.input_shapes)[:160], "calls_per_step": e.count / n,
+                             "ms_per_step": us / 1e3 / n})
+        res["top_ops"] = sorted(rows, key=lambda r: -r["ms_per_step"])[:ops]
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--skip", type=int, default=2, help="steps before the profiled ones")
     ap.add_argument("--out", default=str(RESULTS / "step_profile_h200_2b"))
+    ap.add_argument("--ops", type=int, default=0,
+                    help="also list this many PyTorch operators by their own kernels' time (with input shapes)")
     ap.add_argument("--schedule", default=None,
                     help="recorded schedule with routes: replayed, every block computed, by configurations with TDC")
     args = parse(ap, argv)
@@ -114,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = make_config(name)
                 handle = sixbit.apply(pipe, cfg, schedule=dense if dense is not None and cfg.tdc else None)
             pipe(**call, num_inference_steps=2, output_type="latent")  # compile / autotune, not profiled
-            res["configs"][name] = profile(pipe, call, args.steps, args.skip)
+            res["configs"][name] = profile(pipe, call, args.steps, args.skip, args.ops)
             print(name, json.dumps(res["configs"][name]["ms_per_step"]), flush=True)
         except Exception as e:  # recorded, not fatal
             res["configs"][name] = {"error": f"{type(e).__name__}: {e}"}
@@ -145,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in res["configs"].items():
         if "top_kernels" in r:
             L += [f"Top kernels, {name}: " + "; ".join(f"`{k[:60]}` {v:.1f}" for k, v in r["top_kernels"][:6]), ""]
+        if r.get("top_ops"):
+            L += [f"PyTorch operators by their own kernels' time, {name}:", "",
+                  "| operator | input shapes | calls / step | ms / step |", "|---|---|---|---|"]
+            L += [f"| `{o['op']}` | `{o['shapes']}` | {o['calls_per_step']:g} | {o['ms_per_step']:.2f} |"
+                  for o in r["top_ops"]] + [""]
     out.with_suffix(".md").write_text("\n".join(L))
     return 0
 

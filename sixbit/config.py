@@ -384,8 +384,10 @@ class SixBitConfig:
         "Engineering, not the method: where a CogVideoX block's to_q/to_k/to_v (or ff.net.0.proj) run an INT8 "
         "route, its norm + modulate writes their INT8 operand directly (sixbit/fused.py, one Triton kernel "
         "instead of LayerNorm, multiply, add, concatenation and quantize: 0.66 → 0.35 ms per call on the H200 "
-        "at 2B). Same codes up to rare one-step flips. No effect on the CPU or other routes.",
-        label="Quantize fused into the norm (CUDA, INT8 routes)",
+        "at 2B). Same codes up to rare one-step flips. Where they run other quantized routes (NVFP4, W4A16, an "
+        "outlier count) the same kernel writes the 16-bit norm output in one pass (a value may differ by one "
+        "ulp). No effect on the CPU or on 16-bit (full-precision) consumers.",
+        label="Quantize fused into the norm (CUDA, quantized routes)",
     )
     gelu_epilogue: bool = _f(
         True,

@@ -8,8 +8,14 @@ those consumers runs an INT8-activation route this step (``w8a8``, or W4A8's ``i
 ``SixBitLinear`` after the engine's block hook set the routes — :meth:`SixBitLinear.operand_form`), the
 16-bit norm output is never needed: ``ops.norm_modulate_int8`` (``sixbit_kernels/norm_quant.py``) reads each
 stream once and writes the per-token INT8 codes of the rotated ``[text; video]`` rows, and the linears take
-that ``ops.QuantizedInput`` instead of a tensor (their GEMM alone runs). Any other route, an outlier count
-to take, an observer, the torch backend or the CPU: the block's own forward runs, unchanged.
+that ``ops.QuantizedInput`` instead of a tensor (their GEMM alone runs). When the consumers are all on
+quantized routes but do not read one INT8 operand (an NVFP4 or W4A16 route among them, an outlier count to
+take), the same kernel writes the 16-bit ``[text; video]`` output instead (``ops.norm_modulate``: one pass where
+diffusers runs LayerNorm, a multiply, an add and the concatenation; a value may differ from diffusers' by one
+ulp of the model dtype — the LayerNorm statistics' summation order) and the linears quantize it as usual. A
+consumer on the 16-bit route with its original weights (DMPQ's full-precision steps and PDR's refreshes where
+those are kept; without them the route resolves to W4A16), an observer, the torch backend or the CPU: the
+block's own ops run, unchanged.
 
 Measured on the H200 at 2B shapes (``benchmarks/results/fused_quant_h200.md``, the kernel before it loaded
 its per-column operands once per program): diffusers' norm + modulate + concatenation + sixbit's INT8
@@ -44,8 +50,9 @@ from torch import nn
 
 from sixbit.attention import FusedQKNormRopeProcessor
 from sixbit.linear import SixBitLinear, ops
+from sixbit.routes import FP16
 
-__all__ = ["FUSED_HOOK", "GELU_HOOK", "MAX_DIM", "FusedProducersHook", "GeluEpilogueHook", "applies", "common_form",
+__all__ = ["FUSED_HOOK", "GELU_HOOK", "MAX_DIM", "SIXTEEN_BIT", "FusedProducersHook", "GeluEpilogueHook", "applies", "common_form",
            "gelu_epilogue_applies"]
 
 FUSED_HOOK = "sixbit_fused_producers"
@@ -66,18 +73,30 @@ def applies(block: nn.Module) -> bool:
             and type(block.norm1).__name__ == type(block.norm2).__name__ == "CogVideoXLayerNormZero")
 
 
+#: the producer's form where its consumers read the 16-bit activation (``ops.norm_modulate``)
+SIXTEEN_BIT = ("16-bit", None)
+
+
 def common_form(layers, like: torch.Tensor, rows: int) -> tuple[str, int | None] | None:
-    """(operand form, Hadamard block) every layer of ``layers`` reads this step for a ``rows``-row input
-    like ``like``, or ``None`` when one is not a ``SixBitLinear`` on an INT8-activation route or they differ."""
+    """What the producer emits for ``layers`` this step, for a ``rows``-row input like ``like``: (operand form,
+    Hadamard block) when every layer reads the same INT8 operand; :data:`SIXTEEN_BIT` when every layer is a
+    ``SixBitLinear`` on a quantized route but they do not all read one INT8 operand (an NVFP4 / W4A16 route, an
+    outlier count to take: the 16-bit output, written in one pass); ``None`` otherwise — a layer that is not a
+    ``SixBitLinear``, one on the 16-bit route with its original weights (those full-precision steps stay diffusers'
+    own ops, bit for bit; a 16-bit decision without them resolves to W4A16, a quantized route), one
+    whose route runs the torch reference (the torch backend, or a kernel its self-check refused: then the block is
+    exactly the reference path) or feeding an observer (calibration sees the model's own values)."""
     forms = set()
     for m in layers:
-        if not isinstance(m, SixBitLinear):
+        if not isinstance(m, SixBitLinear) or m.observer is not None:
             return None
-        f = m.operand_form(like, rows)
-        if f is None:
+        route = m.resolve(m.route)
+        if route == FP16 or not ops().route_runs_kernel(m.packed, route, like=like, rows=rows, backend=m.backend):
             return None
-        forms.add((f, m.packed.hadamard_block))
-    return forms.pop() if len(forms) == 1 else None
+        forms.add((m.operand_form(like, rows), m.packed.hadamard_block))
+    if len(forms) == 1 and None not in next(iter(forms)):
+        return forms.pop()
+    return SIXTEEN_BIT
 
 
 class FusedProducersHook(ModelHook):
@@ -92,18 +111,24 @@ class FusedProducersHook(ModelHook):
         #: ``tdc_regate``: ``capture(part, output)`` (``BlockHook.capture``) for the self-attention's output where the
         #: fused path computes it without calling the attention module (its ``PartHook`` does not see that call)
         self.capture = capture
-        #: how many producer calls were fused / ran unfused (for tests and the curious)
+        #: how many producer calls emitted INT8 / the 16-bit output / ran diffusers' own ops (tests, the curious)
         self.fused = 0
+        self.sixteen = 0
         self.unfused = 0
 
     def _operand(self, norm, temb, hs, enc, form):
-        """The fused producer's ``QuantizedInput`` of ``[text; video]`` and the two gates, or ``None``."""
+        """The fused producer's output for ``[text; video]`` — the ``QuantizedInput`` of an INT8 ``form``, the
+        16-bit tensor for :data:`SIXTEEN_BIT` — and the two gates, or ``None``."""
         if form is None or hs.shape[-1] > MAX_DIM or not ops().producers_supported(hs, self.backend):
             return None
         shift, scale, gate, enc_shift, enc_scale, enc_gate = norm.linear(norm.silu(temb)).chunk(6, dim=1)
         ln = norm.norm
-        q = ops().norm_modulate_int8([(enc, 1 + enc_scale, enc_shift), (hs, 1 + scale, shift)], ln.weight, ln.bias,
-                                     ln.eps, form[1], dense=form[0] == "int8-dense", backend=self.backend)
+        parts = [(enc, 1 + enc_scale, enc_shift), (hs, 1 + scale, shift)]
+        if form == SIXTEEN_BIT:
+            q = ops().norm_modulate(parts, ln.weight, ln.bias, ln.eps, backend=self.backend)
+        else:
+            q = ops().norm_modulate_int8(parts, ln.weight, ln.bias, ln.eps, form[1], dense=form[0] == "int8-dense",
+                                         backend=self.backend)
         return None if q is None else (q, gate[:, None, :], enc_gate[:, None, :])
 
     def new_forward(self, block, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
@@ -117,8 +142,8 @@ class FusedProducersHook(ModelHook):
         proc = attn.processor
         fast = isinstance(proc, FusedQKNormRopeProcessor) and proc._fast(attn, hidden_states, None, image_rotary_emb)
         fast = fast and not (self.attention is not None and self.attention.attn_action == "reuse")
-        op = self._operand(block.norm1, temb, hidden_states, encoder_hidden_states,
-                           common_form((attn.to_q, attn.to_k, attn.to_v), hidden_states, rows) if fast else None)
+        form = common_form((attn.to_q, attn.to_k, attn.to_v), hidden_states, rows) if fast else None
+        op = self._operand(block.norm1, temb, hidden_states, encoder_hidden_states, form)
         if op is not None:
             q, gate_msa, enc_gate_msa = op
             project = lambda: proc.attend_projected(attn, attn.to_q(q), attn.to_k(q), attn.to_v(q), text_len,  # noqa: E731
@@ -130,19 +155,19 @@ class FusedProducersHook(ModelHook):
             n_hs, n_enc, gate_msa, enc_gate_msa = block.norm1(hidden_states, encoder_hidden_states, temb)
             attn_hs, attn_enc = attn(hidden_states=n_hs, encoder_hidden_states=n_enc,
                                      image_rotary_emb=image_rotary_emb)
-        self._count(op)
+        self._count(op, form)
         hidden_states = self._residual(hidden_states, gate_msa, attn_hs)
         encoder_hidden_states = self._residual(encoder_hidden_states, enc_gate_msa, attn_enc)
 
-        op = self._operand(block.norm2, temb, hidden_states, encoder_hidden_states,
-                           common_form((block.ff.net[0].proj,), hidden_states, rows))
+        form = common_form((block.ff.net[0].proj,), hidden_states, rows)
+        op = self._operand(block.norm2, temb, hidden_states, encoder_hidden_states, form)
         if op is not None:
             ff_in, gate_ff, enc_gate_ff = op
         else:
             n_hs, n_enc, gate_ff, enc_gate_ff = block.norm2(hidden_states, encoder_hidden_states, temb)
             ff_in = torch.cat([n_enc, n_hs], dim=1)
-        self._count(op)
-        ff_output = block.ff(ff_in)  # ff.net.0 is GELU(proj(x)): proj takes the QuantizedInput
+        self._count(op, form)
+        ff_output = block.ff(ff_in)  # ff.net.0 is GELU(proj(x)): proj takes the QuantizedInput or 16-bit output
         hidden_states = self._residual(hidden_states, gate_ff, ff_output[:, text_len:])
         encoder_hidden_states = self._residual(encoder_hidden_states, enc_gate_ff, ff_output[:, :text_len])
         return hidden_states, encoder_hidden_states
@@ -151,9 +176,11 @@ class FusedProducersHook(ModelHook):
         """``x + gate * y`` in one pass where the kernel serves (``ops.gated_residual``: the same values)."""
         return ops().gated_residual(x, gate, y, backend=self.backend)
 
-    def _count(self, op) -> None:
+    def _count(self, op, form) -> None:
         if op is None:
             self.unfused += 1
+        elif form == SIXTEEN_BIT:
+            self.sixteen += 1
         else:
             self.fused += 1
 

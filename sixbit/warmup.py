@@ -145,7 +145,20 @@ def plan(handle) -> list[tuple[str, object]]:
                 if key not in seen:
                     seen.add(key)
                     items.append((f"norm_modulate_int8 {q.in_features}{' dense' if dense else ''}",
-                                  _producer(block.norm1, dense, q.packed.hadamard_block, cfg.backend)))
+                                  _producer(block.norm1, ("int8-dense" if dense else "int8",
+                                                          q.packed.hadamard_block), cfg.backend)))
+    # the 16-bit output, where a consumer runs NVFP4 / W4A16 or takes PDR's outlier count
+    if (cfg.fused_producers and handle.adapter.family == "cogvideox"
+            and (set(linear_routes(cfg)) - {INT8, W8A8, FP16} or (cfg.quantized and cfg.pdr))):
+        from sixbit import fused
+
+        for _, block in handle.adapter.blocks(handle.transformer):
+            q = block.attn1.to_q if fused.applies(block) else None
+            if q is None or not hasattr(q, "packed") or q.in_features > fused.MAX_DIM:
+                continue
+            if ("producer16", q.in_features) not in seen:
+                seen.add(("producer16", q.in_features))
+                items.append((f"norm_modulate {q.in_features}", _producer(block.norm1, fused.SIXTEEN_BIT, cfg.backend)))
     if cfg.quantized and cfg.fused_producers and handle.adapter.family == "cogvideox":  # the fused block forward
         items += [(f"gated_residual {w}", _gated_residual(w, cfg.backend)) for w in widths]
     return items
@@ -238,16 +251,16 @@ def _gated_residual(width: int, backend: str):
     return run
 
 
-def _producer(norm, dense: bool, hadamard_block, backend: str):
-    """The fused hook's own producer call (``FusedProducersHook._operand``) on a small [text; video] pair."""
+def _producer(norm, form: tuple, backend: str):
+    """The fused hook's own producer call (``FusedProducersHook._operand``) on a small [text; video] pair, for
+    ``form`` (``("int8" | "int8-dense", hadamard block)`` or ``fused.SIXTEEN_BIT``)."""
     def run(dev, dtype):
         from sixbit.fused import FusedProducersHook
 
         w = norm.norm.normalized_shape[0]
         temb = _rand(1, norm.linear.in_features, device=dev, dtype=dtype, seed=9)
         FusedProducersHook(backend)._operand(norm, temb, _rand(1, _VIDEO, w, device=dev, dtype=dtype, seed=7),
-                                             _rand(1, _TEXT, w, device=dev, dtype=dtype, seed=8),
-                                             ("int8-dense" if dense else "int8", hadamard_block))
+                                             _rand(1, _TEXT, w, device=dev, dtype=dtype, seed=8), form)
     return run
 
 

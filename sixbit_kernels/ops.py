@@ -119,8 +119,10 @@ __all__ = [
     "self_check_status",
     "QuantizedInput",
     "operand_form",
+    "route_runs_kernel",
     "producers_supported",
     "norm_modulate_int8",
+    "norm_modulate",
     "gelu_int8",
     "gated_residual",
 ]
@@ -705,6 +707,18 @@ def operand_form(packed: PackedLinear, route: str, options: KernelOptions | None
     return _act_form(route, (options or DEFAULT_OPTIONS).dense_activations)
 
 
+def route_runs_kernel(packed: PackedLinear, route: str, *, like: torch.Tensor, rows: int,
+                      backend: str = "auto") -> bool:
+    """Whether ``route`` on this layer runs a Triton kernel for a ``rows``-row activation like ``like`` rather than
+    the torch reference: the backend, and under ``auto`` the route's self-check (run here on first use) — what a
+    producer asks before replacing the model's own ops for a consumer (a broken kernel then runs exactly the
+    reference path, producer included)."""
+    r = _resolve(backend, like)
+    if r == "checked":
+        return _route_impl(_Rows(like.device, rows, like.dtype), packed, route, None) != selfcheck.TORCH
+    return r == "triton"
+
+
 @dataclass(frozen=True)
 class _Rows:
     """What :func:`_route_impl` reads of an activation: device, row count, dtype."""
@@ -745,8 +759,8 @@ def _linear_prequantized(x: QuantizedInput, packed: PackedLinear, route: str, k_
 
 
 def producers_supported(x: torch.Tensor, backend: str = "auto") -> bool:
-    """Whether the fused producers (:func:`norm_modulate_int8`, :func:`gelu_int8`) run for activations like
-    ``x``: the Triton backend (forced, or ``auto`` on a kernel device) and a 16-bit dtype on CUDA (fp32
+    """Whether the fused producers (:func:`norm_modulate_int8`, :func:`norm_modulate`, :func:`gelu_int8`) run for
+    activations like ``x``: the Triton backend (forced, or ``auto`` on a kernel device) and a 16-bit dtype on CUDA (fp32
     also in the interpreter). Elsewhere the model's own ops and :func:`linear`'s quantize run."""
     if not HAVE_TRITON or _resolve(backend, x) == "torch":
         return False
@@ -758,6 +772,15 @@ def _producer_ok(key: tuple, dev: torch.device, problem, backend: str) -> bool:
     return backend == "triton" or _checked(dev, key, problem)
 
 
+def _producer_probe(like: torch.Tensor, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The norm producers' self-check input: two random streams (3 and 17 tokens) of ``like``'s width, device and
+    dtype, each with its ``1 + scale`` and ``shift``."""
+    k, dev, dt = like.shape[-1], like.device, like.dtype
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return [tuple(torch.randn(*shape, generator=g, device=dev).to(dt) for shape in ((2, n, k), (2, k), (2, k)))
+            for n in (3, 17)]
+
+
 def norm_modulate_int8(parts, weight, bias, eps: float, hadamard_block: int | None, *, dense: bool = False,
                        backend: str = "auto") -> QuantizedInput | None:
     """CogVideoX's norm + modulate of the streams ``parts`` (``[(x, 1 + scale, shift), ...]``, concatenated
@@ -765,19 +788,37 @@ def norm_modulate_int8(parts, weight, bias, eps: float, hadamard_block: int | No
     reference ``formats.norm_modulate_int8``), or ``None`` where the kernel does not serve (check
     :func:`producers_supported`; under ``auto`` the kernel is self-checked once per device, K and dtype)."""
     x0 = parts[0][0]
-    k, dev, dt = x0.shape[-1], x0.device, x0.dtype
+    k, dt = x0.shape[-1], x0.dtype
 
     def problem():
-        g = torch.Generator(device=dev).manual_seed(2)
-        probe = [tuple(torch.randn(*shape, generator=g, device=dev).to(dt) for shape in ((2, n, k), (2, k), (2, k)))
-                 for n in (3, 17)]
+        probe = _producer_probe(x0, seed=2)
         return (lambda: _deq(_norm_modulate_kernel(probe, weight, bias, eps, hadamard_block)[0]),
                 lambda: _deq(spec.norm_modulate_int8(probe, weight, bias, eps, hadamard_block)))
 
-    if not _producer_ok(("norm_modulate_int8", k, dt, hadamard_block), dev, problem, backend):
+    if not _producer_ok(("norm_modulate_int8", k, dt, hadamard_block), x0.device, problem, backend):
         return None
     q, _ = _norm_modulate_kernel(parts, weight, bias, eps, hadamard_block, dense=dense)
     return QuantizedInput(q, hadamard_block, (x0.shape[0], sum(p[0].shape[1] for p in parts)), dt)
+
+
+def norm_modulate(parts, weight, bias, eps: float, *, backend: str = "auto") -> torch.Tensor | None:
+    """CogVideoX's norm + modulate of the streams ``parts`` (as :func:`norm_modulate_int8`), concatenated, in the
+    model dtype ``[B, ΣS_i, K]`` — the same producer kernel writing the 16-bit output instead of codes (one read
+    of each stream, one write; diffusers runs LayerNorm, a multiply, an add and the concatenation) for consumers
+    that read the 16-bit activation; reference ``formats.norm_modulate`` (a value may differ by one ulp: the
+    LayerNorm statistics' summation order). ``None`` where the kernel does not serve (check
+    :func:`producers_supported`; under ``auto`` the kernel is self-checked once per device, K and dtype)."""
+    x0 = parts[0][0]
+    k, dt = x0.shape[-1], x0.dtype
+
+    def problem():
+        probe = _producer_probe(x0, seed=3)
+        return (lambda: _norm_modulate_kernel(probe, weight, bias, eps, None, codes=False, norm=True)[1],
+                lambda: spec.norm_modulate(probe, weight, bias, eps))
+
+    if not _producer_ok(("norm_modulate", k, dt), x0.device, problem, backend):
+        return None
+    return _norm_modulate_kernel(parts, weight, bias, eps, None, codes=False, norm=True)[1]
 
 
 def gelu_int8(x: torch.Tensor, hadamard_block: int | None, *, dense: bool = False,

@@ -342,6 +342,14 @@ def test_step_check_flags_a_slow_step_against_its_own_kind():
     # attention scope: a cell that reused its attention (computed and skipped) is not a computed one
     reused = {"steps": [{"blocks": [{"computed": True, "skipped": False}, {"computed": True, "skipped": True}]}] * 2}
     assert speed.step_kinds(reused, 2) == [1, 1]
+    # DMPQ's full-precision first steps (every linear on the 16-bit route) are a kind of their own
+    blocks = [{"computed": True, "skipped": False}] * 2
+    dmpq = {"steps": [{"blocks": blocks, "routes": ["fp16", "fp16"]},
+                      {"blocks": blocks, "routes": ["int8", "fp16"]},
+                      {"blocks": [blocks[0], {"computed": False, "skipped": True}], "routes": ["fp16", "skipped"]}]}
+    assert speed.step_kinds(dmpq, 3) == ["2 at 16 bits", 2, "1 at 16 bits"]
+    check = speed.step_outliers([0.55, 0.56, 0.44, 0.45, 0.44], ["2 at 16 bits"] * 2 + [2] * 3)
+    assert check["outliers"] == [] and check["worst"] == pytest.approx(0.45 / 0.44)
 
 
 def test_compile_log_maps_compiles_to_steps_and_restores_the_hook():

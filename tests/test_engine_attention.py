@@ -164,6 +164,7 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         dim = pipe.transformer.config.num_attention_heads * pipe.transformer.config.attention_head_dim
         assert {n for n in names if n.startswith("norm_modulate_int8")} == {  # the fused producer, both forms
             f"norm_modulate_int8 {dim}", f"norm_modulate_int8 {dim} dense"}
+        assert f"norm_modulate {dim}" in names  # its 16-bit output, for NVFP4 / W4A16 consumers
         assert f"gated_residual {dim}" in names  # the fused block forward's x + gate · y
         ff = {(m.in_features, m.out_features) for m, _ in h.gelu_epilogue}  # ff.net.0.proj: GELU in the GEMM
         assert len(h.gelu_epilogue) == len(h.block_hooks) and len(ff) == 1
@@ -181,9 +182,10 @@ def test_warmup_plans_every_route_and_visits_each_once(pipe, monkeypatch):
         assert all(n.endswith("w8a8") for n in names if n.startswith("linear"))
         assert not any(n.endswith("fp8") for n in names)  # static baselines keep bf16 attention
         assert any(n.startswith("norm_modulate_int8") for n in names)
+        assert f"norm_modulate {dim}" not in names  # every consumer reads the INT8 operand
         warmup.warm(h, force=True)  # the attention alone on layers that hold only W8A8 weights (a bug on the H200)
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only"), policy=pol) as h:
-        assert not any(n.startswith(("linear", "norm_modulate_int8", "gated_residual")) for n, _ in warmup.plan(h))
+        assert not any(n.startswith(("linear", "norm_modulate", "gated_residual")) for n, _ in warmup.plan(h))
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks", tdc_regate="off"), policy=pol) as h:
         assert all(" + " in n for n, _ in warmup.plan(h) if n.startswith("block_stats"))
     with sixbit.apply(pipe, SixBitConfig.preset("tdc_only", tdc_store="blocks"), policy=pol) as h:  # regated: no Δ

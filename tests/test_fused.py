@@ -65,15 +65,21 @@ def test_fused_block_matches_unfused(int8_route, dtype, one_thread):
 
 
 def test_fuses_only_where_every_consumer_reads_int8(one_thread):
+    """INT8 codes where every consumer reads them; the 16-bit output (one pass) where a consumer on a quantized
+    route needs the 16-bit input; diffusers' own ops where a consumer is on the 16-bit route."""
     block, new, hook, args = _block()
     routes = {m: "int8" for m in new.values()}
-    routes[new["attn1.to_k"]] = "nvfp4"  # one qkv consumer needs the 16-bit input: norm1 runs unfused
+    routes[new["attn1.to_k"]] = "nvfp4"  # one qkv consumer needs the 16-bit input: norm1 writes it
     got, ref = _run(block, hook, args, routes)
-    assert (hook.fused, hook.unfused) == (1, 1)
+    assert (hook.fused, hook.sixteen, hook.unfused) == (1, 1, 0)
     _close(got, ref)
-    routes[new["ff.net.0.proj"]] = "fp16"
+    routes[new["ff.net.0.proj"]] = "w4a16"  # norm2 writes the 16-bit output too
     got, ref = _run(block, hook, args, routes)
-    assert (hook.fused, hook.unfused) == (1, 3)
+    assert (hook.fused, hook.sixteen, hook.unfused) == (1, 3, 0)
+    _close(got, ref)
+    routes[new["attn1.to_k"]] = routes[new["ff.net.0.proj"]] = "fp16"  # a full-precision consumer: diffusers' ops
+    got, ref = _run(block, hook, args, routes)
+    assert (hook.fused, hook.sixteen, hook.unfused) == (1, 3, 2)
     assert all(torch.equal(g, r) for g, r in zip(got, ref))  # nothing fused: the block's own forward
 
 
@@ -95,9 +101,14 @@ def test_torch_backend_and_outlier_counts_run_todays_path(one_thread):
     got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
     assert hook.fused == 0 and all(torch.equal(g, r) for g, r in zip(got, ref))
     block, new, hook, args = _block()
-    new["attn1.to_q"].k_sigma = 8.0  # a per-linear outlier count needs the 16-bit input
+    new["attn1.to_q"].k_sigma = 8.0  # a per-linear outlier count needs the 16-bit input: written in one pass
+    got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert (hook.fused, hook.sixteen, hook.unfused) == (1, 1, 0)
+    _close(got, ref)
+    new["attn1.to_q"].k_sigma = None
+    new["attn1.to_q"].observer = lambda *a: None  # calibration sees diffusers' own values
     _run(block, hook, args, {m: "int8" for m in new.values()})
-    assert (hook.fused, hook.unfused) == (1, 1)
+    assert (hook.fused, hook.sixteen, hook.unfused) == (2, 1, 1)
 
 
 def test_wider_than_max_dim_runs_the_blocks_own_forward(monkeypatch, one_thread):
@@ -107,22 +118,52 @@ def test_wider_than_max_dim_runs_the_blocks_own_forward(monkeypatch, one_thread)
     assert (hook.fused, hook.unfused) == (0, 2) and all(torch.equal(g, r) for g, r in zip(got, ref))
 
 
-@pytest.mark.parametrize("form", ["int8", "int8-dense"])
-def test_producer_at_cogvideox_5b_width(form, one_thread):
-    """The hook's producer call at CogVideoX-5B's dim 3072 (diffusers' own CogVideoXLayerNormZero: its
-    modulation linear, the ``chunk`` views) against the reference on diffusers' output, awkward token
-    counts; every consumer route of that width fuses (dims up to ``fused.MAX_DIM``)."""
+def _norm_5b(dtype, seed):
+    """diffusers' ``CogVideoXLayerNormZero`` at CogVideoX-5B's dim 3072 (non-trivial LayerNorm weight and bias) and a
+    video (37 tokens), text (3 tokens) and time-embedding input, batch 2."""
     from diffusers.models.normalization import CogVideoXLayerNormZero
 
-    dim, dtype = 3072, torch.bfloat16
-    assert dim <= fused.MAX_DIM
+    dim = 3072
     torch.manual_seed(0)
     norm = CogVideoXLayerNormZero(64, dim, True, 1e-5, bias=True).to(DEV, dtype).eval()
     with torch.no_grad():
         norm.norm.weight.normal_(1.0, 0.2)
         norm.norm.bias.normal_(0.0, 0.2)
-        g = torch.Generator().manual_seed(1)
-        hs, enc, temb = (torch.randn(*s, generator=g).to(DEV, dtype) for s in ((2, 37, dim), (2, 3, dim), (2, 64)))
+    g = torch.Generator().manual_seed(seed)
+    return (norm, *(torch.randn(*s, generator=g).to(DEV, dtype) for s in ((2, 37, dim), (2, 3, dim), (2, 64))))
+
+
+def test_sixteen_bit_producer_at_cogvideox_5b_width(one_thread):
+    """The hook's 16-bit producer (consumers on NVFP4 / W4A16 routes) at dim 3072, awkward token counts: diffusers'
+    ``CogVideoXLayerNormZero`` output concatenated ``[text; video]``, up to one ulp of the model dtype on a few
+    values (the LayerNorm statistics' summation order), the same gates."""
+    dim, dtype = 3072, DTYPES[-1]
+    norm, hs, enc, temb = _norm_5b(dtype, seed=2)
+    with torch.no_grad():
+        hs[0, 5] *= 1e3  # a huge token and a constant one (zero variance)
+        hs[1, 7] = 0.25
+        y, gate, enc_gate = fused.FusedProducersHook("triton")._operand(norm, temb, hs, enc, fused.SIXTEEN_BIT)
+        n_hs, n_enc, ref_gate, ref_enc_gate = norm(hs, enc, temb)
+        shift, _, _, enc_shift, _, _ = norm.linear(norm.silu(temb)).chunk(6, dim=1)
+    ref = torch.cat([n_enc, n_hs], 1).float()
+    assert y.dtype == dtype and y.shape == (2, 40, dim)
+    assert torch.equal(gate[:, 0], ref_gate[:, 0]) and torch.equal(enc_gate[:, 0], ref_enc_gate[:, 0])
+    # one ulp of the normalized value, carried through ``· (1 + scale)`` (≈ ref − shift) and the rounding of the sum
+    sh = torch.cat([enc_shift[:, None].expand(2, 3, dim), shift[:, None].expand(2, 37, dim)], 1).float()
+    bound = ((ref - sh).abs() + ref.abs()) * 2.0 ** -7 + 1e-30
+    d = (y.float() - ref).abs()
+    assert bool((d <= bound).all()) and float((d > 0).float().mean()) < 0.02
+
+
+@pytest.mark.parametrize("form", ["int8", "int8-dense"])
+def test_producer_at_cogvideox_5b_width(form, one_thread):
+    """The hook's producer call at CogVideoX-5B's dim 3072 (diffusers' own CogVideoXLayerNormZero: its
+    modulation linear, the ``chunk`` views) against the reference on diffusers' output, awkward token
+    counts; every consumer route of that width fuses (dims up to ``fused.MAX_DIM``)."""
+    dim = 3072
+    assert dim <= fused.MAX_DIM
+    norm, hs, enc, temb = _norm_5b(torch.bfloat16, seed=1)
+    with torch.no_grad():
         q, gate, enc_gate = fused.FusedProducersHook("triton")._operand(norm, temb, hs, enc, (form, 64))
         n_hs, n_enc, ref_gate, ref_enc_gate = norm(hs, enc, temb)
     assert q.form == form and q.shape == (2, 40, dim) and q.hadamard_block == 64
@@ -216,6 +257,9 @@ def test_producers_are_self_checked_under_auto(monkeypatch, one_thread):
         assert selfcheck.status("cpu")["norm_modulate_int8/64/torch.float32/32"]["impl"] == "triton"
         g = k.gelu_int8(x, 32, dense=True)
         assert g.form == "int8-dense" and g.lead == (2, 9)
+        y = k.norm_modulate(parts, None, None, 1e-5)  # the 16-bit output, its own self-check
+        assert y.shape == (2, 9, 64) and selfcheck.status("cpu")["norm_modulate/64/torch.float32"]["impl"] == "triton"
+        torch.testing.assert_close(y, spec.norm_modulate(parts, None, None, 1e-5), rtol=1e-5, atol=1e-5)
     real = k._norm_modulate_kernel
 
     def broken(parts, *a, **kw):
@@ -226,6 +270,10 @@ def test_producers_are_self_checked_under_auto(monkeypatch, one_thread):
     with selfcheck.interpreter_dispatch(targets.INTERPRETER):
         with pytest.warns(RuntimeWarning, match="norm_modulate_int8/64.*failed its self-check"):
             assert k.norm_modulate_int8(parts, None, None, 1e-5, 32) is None
+    monkeypatch.setattr(k, "_norm_modulate_kernel", lambda parts, *a, **kw: (None, 2 * real(parts, *a, **kw)[1]))
+    with selfcheck.interpreter_dispatch(targets.INTERPRETER):
+        with pytest.warns(RuntimeWarning, match="norm_modulate/64.*failed its self-check"):
+            assert k.norm_modulate(parts, None, None, 1e-5) is None
     assert not k.producers_supported(x, "auto")  # CPU without interpreter dispatch: today's path
 
 
