@@ -340,7 +340,7 @@ def render(results: dict, out: Path, name: str | None) -> None:
     file with the current renderer)."""
     env = results["environment"]
     md = ["# Speed and memory at real CogVideoX sizes (random weights)", "",
-          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise); before the timed loop the Python heap is collected and frozen (`gc.freeze`); step 0 starts at the transformer's first call (the pipeline's set-up before it — text encoder, latents — is in *denoise s*, not in a step), and the *slowest step* column names every Triton compile and every garbage-collector pause ≥ 10 ms inside it. Random weights "
+          "Denoising loop only (`output_type=\"latent\"`), CFG batched, after an identical untimed warm-up loop (unless `--warmup-steps` says otherwise); before the timed loop the Python heap is collected and frozen (`gc.freeze`); step 0 starts at the transformer's first call (the pipeline's set-up before it — text encoder, latents — is in *denoise s*, not in a step), and the *slowest step* column names every Triton compile and every garbage-collector pause ≥ 10 ms inside it (a step's kind: how many block evaluations it computed; full-precision steps — every linear at 16 bits, DMPQ's warm-up — are a kind apart). Random weights "
           "make TDC's own decisions meaningless: configurations with TDC **replay the skip schedule recorded on "
           "sixbit-mini** with the full method (resampled to this depth and step count): which blocks are skipped "
           "and, for the DMPQ configurations, each computed block's routes (NVFP4 / INT8 / 16-bit for PDR), "
