@@ -133,32 +133,24 @@ def plan(handle) -> list[tuple[str, object]]:
                     seen.add(key + (r,))
                     items.append((f"attention {attn.heads}×{attn.to_k.out_features // attn.heads} {r}",
                                   _attention(attn, proc, r, rope, (linear_routes(cfg) or [None])[0])))
-    if cfg.fused_producers and handle.adapter.family == "cogvideox" and {INT8, W8A8} & set(linear_routes(cfg)):
+    if cfg.fused_producers and handle.adapter.family == "cogvideox":
         from sixbit import fused
 
+        decided = set(linear_routes(cfg))
+        int8 = bool({INT8, W8A8} & decided)  # the INT8 operand q/k/v read: their own Hadamard block, both forms
+        # the 16-bit output, where a consumer runs NVFP4 / W4A16 or takes PDR's outlier count
+        sixteen = bool(decided - {INT8, W8A8, FP16} or (cfg.quantized and cfg.pdr))
         for _, block in handle.adapter.blocks(handle.transformer):
             q = block.attn1.to_q if fused.applies(block) else None
             if q is None or not hasattr(q, "packed") or q.in_features > fused.MAX_DIM:
                 continue
-            for dense in (False, True):  # the operand the consumers read: q/k/v's own Hadamard block
-                key = ("producer", q.in_features, q.packed.hadamard_block, dense)
-                if key not in seen:
-                    seen.add(key)
-                    items.append((f"norm_modulate_int8 {q.in_features}{' dense' if dense else ''}",
-                                  _producer(block.norm1, ("int8-dense" if dense else "int8",
-                                                          q.packed.hadamard_block), cfg.backend)))
-    # the 16-bit output, where a consumer runs NVFP4 / W4A16 or takes PDR's outlier count
-    if (cfg.fused_producers and handle.adapter.family == "cogvideox"
-            and (set(linear_routes(cfg)) - {INT8, W8A8, FP16} or (cfg.quantized and cfg.pdr))):
-        from sixbit import fused
-
-        for _, block in handle.adapter.blocks(handle.transformer):
-            q = block.attn1.to_q if fused.applies(block) else None
-            if q is None or not hasattr(q, "packed") or q.in_features > fused.MAX_DIM:
-                continue
-            if ("producer16", q.in_features) not in seen:
-                seen.add(("producer16", q.in_features))
-                items.append((f"norm_modulate {q.in_features}", _producer(block.norm1, fused.SIXTEEN_BIT, cfg.backend)))
+            forms = [("int8", q.packed.hadamard_block), ("int8-dense", q.packed.hadamard_block)] if int8 else []
+            for form in forms + ([fused.SIXTEEN_BIT] if sixteen else []):
+                if ("producer", q.in_features, form) not in seen:
+                    seen.add(("producer", q.in_features, form))
+                    name = (f"norm_modulate {q.in_features}" if form == fused.SIXTEEN_BIT else
+                            f"norm_modulate_int8 {q.in_features}{' dense' if form[0] == 'int8-dense' else ''}")
+                    items.append((name, _producer(block.norm1, form, cfg.backend)))
     if cfg.quantized and cfg.fused_producers and handle.adapter.family == "cogvideox":  # the fused block forward
         items += [(f"gated_residual {w}", _gated_residual(w, cfg.backend)) for w in widths]
     return items

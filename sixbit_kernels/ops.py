@@ -584,7 +584,6 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
     return y, (None if count is None else count.to(torch.int64))
 
 
-
 def _variant_target(base: targets.Target, impl: str) -> targets.Target:
     """``base`` with the variant an implementation name stands for (native FP4 keeps ``base``)."""
     variant = {selfcheck.HOPPER_TRITON: targets.HOPPER, selfcheck.PORTABLE_TRITON: targets.PORTABLE}.get(impl)
