@@ -65,7 +65,10 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "full_nowarmup": ("full", dict(warmup_steps=0)),
                  # ff.net.0's GELU as PyTorch's own pass after the GEMM (the default runs it in the epilogue)
                  "full_nogelu": ("full", dict(gelu_epilogue=False)),
-                 "full_w8a8_nogelu": ("full", dict(int8_route="w8a8", gelu_epilogue=False))}
+                 "full_w8a8_nogelu": ("full", dict(int8_route="w8a8", gelu_epilogue=False)),
+                 # NVFP4 decisions on the INT8 route (W4A8): 4-bit weights only, as the default, without W4A4's
+                 # 16-bit-rate GEMM behind a two-pass NVFP4 quantize on a GPU without FP4 tensor cores
+                 "full_nvfp4_int8": ("full", dict(nvfp4_route="int8"))}
 LABELS = {
     "fp16": "FP16/FP32 (reference)", "bf16": "bf16 diffusers baseline", "w8a8": "static W8A8",
     "w4a4": "static W4A4 (all NVFP4)", "dmpq_only": "DMPQ only", "tdc_only": "TDC only",
@@ -96,6 +99,7 @@ LABELS = {
     "full_nowarmup": "full 6Bit · no full-precision warm-up steps (warmup_steps=0, before session 27)",
     "full_nogelu": "full 6Bit · ff.net.0's GELU as PyTorch's pass (gelu_epilogue=False, before session 29)",
     "full_w8a8_nogelu": "full 6Bit · INT8 decisions on W8A8 · GELU as PyTorch's pass (gelu_epilogue=False)",
+    "full_nvfp4_int8": "full 6Bit · NVFP4 decisions on the INT8 route (W4A8; NVFP4 weights only, nvfp4_route=\"int8\")",
 }
 
 #: real CogVideoX transformer configurations (random weights)

@@ -13,7 +13,11 @@
 * ``resid``: ``gated_residual`` against PyTorch's ``x + gate * y`` (bit equality checked), a few tiles;
 * ``l1``: ``block_stats.finite_l1_mean`` against ``sixbit.tdc.l1_size`` on a regated piece (a strided view);
 * ``gelu``: ff.net.0.proj's GEMM with the GELU in its epilogue against the GEMM + PyTorch's GELU, at 2B and 5B
-  (W8A8 and the decode-once W4A8).
+  (W8A8 and the decode-once W4A8);
+* ``sweep``: launch geometries of the computed step's memory-bound passes at 2B shapes (TDC's size, the block
+  statistics, the q/k norm + rotary, the norm producer's three forms also at 5B, the INT8 and NVFP4 quantize),
+  each against its default in the same run, with the largest difference from the default config's output
+  (session 31).
 
 ``python benchmarks/hopper_probe.py PART OUT.json`` on a GPU."""
 
@@ -166,6 +170,120 @@ if part in ("all", "gelu"):  # session 29: ff.net.0's GELU in its GEMM's epilogu
         del x, w, q8, d8, da, w8, w4, y
         torch.cuda.empty_cache()
     res["gelu"] = grows
+
+if part in ("all", "sweep"):  # session 31: launch geometry of the computed step's memory-bound passes (2B)
+    from sixbit_kernels import block_stats as BS
+    from sixbit_kernels import hadamard_quant as HQ
+    from sixbit_kernels import layernorm as LN
+    from sixbit_kernels import norm_quant as NQ
+    from sixbit_kernels import rows_int8 as RI
+
+    srows = []
+
+    def trial(kernel, shape, cfg, fn, ref, default):
+        """Time ``fn`` (one config) and compare its output with the default config's ``ref``."""
+        out = fn()
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+        diff = max(float((a.float() - b.float()).abs().max()) if a is not None else 0.0 for a, b in zip(outs, refs))
+        t = bench(fn)
+        row = {"kernel": kernel, "shape": shape, "config": cfg, "default": default, "ms": t, "max_abs_diff_vs_default": diff}
+        srows.append(row)
+        print("sweep", kernel, shape, cfg, "default" if default else "", f"{t:.4f} ms diff {diff:.3g}", flush=True)
+
+    C, S_T, S_V, B = 1920, 226, 17550, 2
+    cat = torch.randn(B, S_T + S_V, C, device=dev, dtype=torch.bfloat16)
+    piece = cat[:, S_T:]
+    l1_default = BS.L1_CUDA_CONFIG
+    for t_name, t in (("strided piece", piece), ("contiguous", piece.contiguous())):
+        ref = BS.finite_l1_mean(t)
+        for cfg in [l1_default, (4, 512, 4, 4), (4, 1024, 8, 4), (16, 512, 16, 2), (8, 512, 8, 8), (8, 512, 16, 4),
+                    (16, 512, 8, 4), (8, 1024, 16, 2)]:
+            trial("finite_l1 " + t_name, list(t.shape), cfg, lambda: BS.finite_l1_mean(t, config=cfg), ref,
+                  cfg == l1_default)
+
+    out_t, in_t, old_t = (torch.randn(B, S_V, C, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    ref = BS.delta_stats(out_t, in_t, old_t)
+    for cfg in [tuple(BS.CUDA_CONFIG), (4096, 8, 4), (1024, 4, 8), (2048, 4, 8), (8192, 8, 2), (4096, 16, 2),
+                (2048, 8, 8)]:
+        trial("delta_stats", [B, S_V, C], cfg, lambda: BS.delta_stats(out_t, in_t, old_t, config=cfg), ref,
+              cfg == tuple(BS.CUDA_CONFIG))
+
+    proj = torch.randn(B, S_T + S_V, C, device=dev, dtype=torch.bfloat16)
+    x4 = proj.view(B, S_T + S_V, 30, 64).transpose(1, 2)
+    lnw, lnb = torch.randn(64, device=dev, dtype=torch.bfloat16), torch.randn(64, device=dev, dtype=torch.bfloat16)
+    cos, sin = torch.randn(S_V, 64, device=dev), torch.randn(S_V, 64, device=dev)
+    ref = LN.layer_norm_rows(x4, lnw, lnb, 1e-6, rope=(cos, sin, S_T))
+    for br, nw in [(32, 4), (64, 4), (128, 4), (16, 4), (32, 8), (64, 2), (32, 2), (16, 2), (16, 1)]:
+        trial("ln_rows+rope", list(x4.shape), (br, nw),
+              lambda: LN.layer_norm_rows(x4, lnw, lnb, 1e-6, rope=(cos, sin, S_T), block_rows=br, num_warps=nw),
+              ref, (br, nw) == (32, 4))
+
+    for Cn in (1920, 3072):
+        xt, xv = torch.randn(B, S_T, Cn, device=dev, dtype=torch.bfloat16), torch.randn(B, S_V, Cn, device=dev,
+                                                                                        dtype=torch.bfloat16)
+        op, sh = (torch.randn(B, Cn, device=dev, dtype=torch.bfloat16) * 0.1 + 1.0 for _ in range(2))
+        wn, bn = torch.ones(Cn, device=dev, dtype=torch.bfloat16), torch.zeros(Cn, device=dev, dtype=torch.bfloat16)
+        parts = [(xt, op, sh), (xv, op, sh)]
+        d_rows, d_pps = RI.CUDA_ROWS, NQ.GRID_PROGRAMS_PER_SM
+        for form, kw in (("int8", {}), ("int8 as fp16", {"dense": True}), ("16-bit", {"codes": False, "norm": True})):
+            def run(**extra):
+                q8, y = NQ.norm_modulate(parts, wn, bn, 1e-5, 64, **kw, **extra)
+                return (q8.data, q8.scale) if q8 is not None else (y,)
+            ref = run()
+            d_w = NQ.default_warps(Cn, 64)
+            norm_only = "codes" in kw
+            # (rows of the tile, programs per SM, warps); the 16-bit form: (tokens per step or None for the codes
+            # forms' geometry, programs per SM, warps) — its own geometry since session 31
+            d_tok, d_no = NQ.NORM_ONLY_TOKENS, NQ.NORM_ONLY_PROGRAMS_PER_SM
+            dflt = (d_tok, d_no, d_w) if norm_only else (d_rows, d_pps, d_w)
+            cfgs = ([dflt, (None, 12, 4), (None, 12, 8), (None, 16, 4), (1, 12, 4), (1, 16, 4), (1, 32, 4), (2, 24, 4),
+                     (1, 24, 8)] if norm_only else
+                    [dflt, (d_rows, 8, d_w), (d_rows, 16, d_w), (d_rows, 4, d_w), (d_rows, d_pps, 8),
+                     (32, d_pps, d_w), (128, d_pps, d_w), (32, 16, d_w), (32, 24, d_w)])
+            for a, pps, nw in cfgs:
+                if Cn == 3072 and not norm_only and a != d_rows:
+                    continue  # 48 chunks: one token per step whatever CUDA_ROWS says
+                if norm_only:
+                    NQ.NORM_ONLY_TOKENS, NQ.NORM_ONLY_PROGRAMS_PER_SM = a, pps
+                else:
+                    RI.CUDA_ROWS, NQ.GRID_PROGRAMS_PER_SM = a, pps
+                try:
+                    trial(f"norm_modulate {form}", [B, S_T + S_V, Cn], (a, pps, nw), lambda: run(num_warps=nw),
+                          ref, (a, pps, nw) == dflt)
+                except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
+                    srows.append({"kernel": f"norm_modulate {form}", "config": (a, pps, nw), "error": repr(e)[:300]})
+                    print("sweep error", form, a, pps, nw, repr(e)[:200], flush=True)
+                finally:
+                    RI.CUDA_ROWS, NQ.GRID_PROGRAMS_PER_SM = d_rows, d_pps
+                    NQ.NORM_ONLY_TOKENS, NQ.NORM_ONLY_PROGRAMS_PER_SM = d_tok, d_no
+        del xt, xv
+
+    for K in (1920, 7680):
+        x = torch.randn(B * (S_T + S_V), K, device=dev, dtype=torch.bfloat16)
+        dflt = tuple(HQ.rows_config(HQ.MODE_INT8, K // 64))
+        alts = ([(64, 4, 4), (64, 4, 12), (64, 8, 8), (128, 8, 4), (32, 4, 16), (128, 4, 4)] if K == 1920 else
+                [(256, 8, 2), (256, 4, 3), (128, 4, 4), (256, 8, 1), (128, 8, 4)])
+        for dense in (True, False):
+            ref = HQ.quantize_int8_act(x, 64, dense=dense)[0]
+            ref = (ref.data, ref.scale)
+            for cfg in [dflt] + alts:
+                def run():
+                    r = HQ.quantize_int8_act(x, 64, dense=dense, config=cfg)[0]
+                    return r.data, r.scale
+                try:
+                    trial("int8 quantize" + (" as fp16" if dense else ""), [x.shape[0], K], cfg, run, ref, cfg == dflt)
+                except Exception as e:  # noqa: BLE001
+                    srows.append({"kernel": "int8 quantize", "config": cfg, "error": repr(e)[:300]})
+                    print("sweep error int8", K, cfg, repr(e)[:200], flush=True)
+        nref = HQ.quantize_nvfp4_act(x, 64, dense=True)[0]
+        dn = tuple(HQ.CUDA_NVFP4_CONFIG)
+        for cfg in [dn, (32, 4, 8), (128, 4, 4), (64, 8, 8), (128, 8, 4), (64, 4, 16), (32, 2, 16)]:
+            trial("nvfp4 quantize as fp16 (both passes)", [x.shape[0], K], cfg,
+                  lambda: HQ.quantize_nvfp4_act(x, 64, dense=True, config=cfg)[0][:2], nref[:2], cfg == dn)
+        del x
+        torch.cuda.empty_cache()
+    res["sweep"] = srows
 
 out = sys.argv[2] if len(sys.argv) > 2 else "ws_probe.json"
 json.dump(res, open(out, "w"), indent=1)

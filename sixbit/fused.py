@@ -58,8 +58,8 @@ __all__ = ["FUSED_HOOK", "GELU_HOOK", "MAX_DIM", "SIXTEEN_BIT", "FusedProducersH
 FUSED_HOOK = "sixbit_fused_producers"
 GELU_HOOK = "sixbit_gelu_epilogue"
 #: widest model dim fused: a token in one register step of at most 64 chunks of 64 (2B's 1920: two tokens
-#: per step, measured on the H200; 5B's 3072 and up to 4096: one token per step on 8 warps,
-#: ``norm_quant.ONE_TOKEN_WARPS``); wider models run the block's own forward
+#: per step, measured on the H200; 5B's 3072 and up to 4096: one token per step, ``norm_quant.default_warps``);
+#: wider models run the block's own forward
 MAX_DIM = 4096
 
 

@@ -87,14 +87,17 @@ def supported(x: torch.Tensor, normalized_shape) -> bool:
 
 def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
                     *, rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-                    block_rows: int = 64) -> torch.Tensor:
+                    block_rows: int = 32, num_warps: int = 4) -> torch.Tensor:
     """``F.layer_norm(x, (D,), weight, bias, eps)`` for any strided ``x`` with a contiguous last dim
     (see :func:`supported`); returns a contiguous tensor of ``x``'s shape and dtype.
 
     ``rope=(cos, sin, start)``: then apply diffusers' ``apply_rotary_emb`` (``use_real=True``,
     ``use_real_unbind_dim=-1``) along the second-to-last dim of ``x`` from position ``start`` on, with
     ``cos``/``sin`` of shape ``[x.shape[-2] - start, D]`` — CogVideoX's
-    ``y[..., start:, :] = apply_rotary_emb(y[..., start:, :], (cos, sin))`` fused into the norm's store."""
+    ``y[..., start:, :] = apply_rotary_emb(y[..., start:, :], (cos, sin))`` fused into the norm's store.
+    ``block_rows`` / ``num_warps``: the CUDA launch (benchmarks; same results). H200, 2B's q with the rotary
+    (``[2, 30, 17776, 64]`` strided, ``probe_sweep_h200_s31.json``): 32 rows on 4 warps 0.121 ms, 64 rows (the
+    default until session 31) 0.168."""
     if not supported(x, (x.shape[-1],)):
         raise ValueError(f"layer_norm_rows: unsupported input shape {tuple(x.shape)} / strides {x.stride()} / "
                          f"dtype {x.dtype}")
@@ -127,7 +130,7 @@ def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
         x, w, b, y, c, s, R, lead[1], lead[2], strides[0], strides[1], strides[2], float(eps),
         int(rope[2]) if rope is not None else 0,
         D=D, BLOCK_R=br, HAS_W=weight is not None, HAS_B=bias is not None, ROPE=rope is not None,
-        INTERP=interp, num_warps=4, enable_fp_fusion=False,
+        INTERP=interp, num_warps=num_warps, enable_fp_fusion=False,
     )
     return y
 

@@ -38,11 +38,6 @@ from ._common import cast_out, cdiv, check_launchable, make_h, num_sms
 from .hadamard_quant import _inv_sqrt, _tok_expand, _tok_reduce
 from .rows_int8 import geometry, grid_size, store_int8_rows, tile_index
 
-#: warps of a program whose tile holds one token (``rows_int8.geometry``: rows of 33-64 chunks of 64 — 5B's
-#: 3072 is 48 — take a 64-chunk tile, one token per step). sm_90 compile (triton 3.9, ``cuobjdump
-#: -res-usage``): 4 warps need 198 registers → 2 programs (8 warps) per SM; 8 warps 106 → 2 programs,
-#: 16 warps per SM, for 26 % more instructions per step (594 × 8 vs 941 × 4 in the loop)
-ONE_TOKEN_WARPS = 8
 #: programs per SM of the persistent grid (every tile width): a multiple of 2, 3 and 4 — how many programs
 #: fit per SM depends on the compiler's register count (above: 2 or 3; triton 3.6 on the H200 may differ).
 #: The programs' tile counts are equal up to one, so a grid that is not a whole number of resident rounds
@@ -50,6 +45,12 @@ ONE_TOKEN_WARPS = 8
 #: the ideal at 2 / 3 / 4 resident programs per SM — 8 per SM: 1.01 / 1.13 / 1.02 (K = 1920);
 #: 4 per SM: 1.00 / 1.49 / 1.01 (K = 3072); 12 per SM: ≤ 1.02 in all six cases
 GRID_PROGRAMS_PER_SM = 12
+#: the 16-bit output alone (``codes=False``: no rotation, no codes) — one token per step and twice the programs
+#: per SM at every width. H200, Triton 3.6, 2B's ``[text; video]`` at 1920 (``probe_sweep_h200_s31.json``):
+#: 0.104 ms against 0.148 with the codes forms' geometry (two tokens per step, 12 per SM)
+NORM_ONLY_PROGRAMS_PER_SM = 24
+#: tokens per step of the 16-bit output alone (None: the codes forms' ``rows_int8.geometry``)
+NORM_ONLY_TOKENS: int | None = 1
 
 
 # token counts and offsets vary with the video size: not specialised (a multiple of 16 or not), so the
@@ -100,14 +101,11 @@ def _norm_mod_kernel(
 
 
 def default_warps(k: int, hadamard_block: int | None, interp: bool = False) -> int:
-    """Warps of the launch for rows of ``k``: :data:`ONE_TOKEN_WARPS` where a step holds one token (rows of
-    33-64 chunks: 5B's 3072, up to 4096 at block 64), else ``rows_int8.geometry``'s."""
-    _, tok, _, _, nw = geometry(k, int(hadamard_block or 0), interp)
-    return _warps(tok, nw, interp)
-
-
-def _warps(tok: int, nw: int, interp: bool) -> int:
-    return ONE_TOKEN_WARPS if tok == 1 and not interp else nw
+    """Warps of the launch for rows of ``k`` (``rows_int8.geometry``'s: 4 on CUDA at every width). One-token
+    tiles (rows of 33-64 chunks: 5B's 3072) ran on 8 warps until session 31; on the H200 (Triton 3.6, 5B's
+    ``[text; video]``, ``probe_sweep_h200_s31.json``) 4 warps took 0.302 / 0.289 / 0.178 ms against 0.339 /
+    0.335 / 0.229 for the INT8, fp16-code and 16-bit forms."""
+    return geometry(k, int(hadamard_block or 0), interp)[4]
 
 
 def _check_part(x, one_plus, shift, k, b):
@@ -143,8 +141,10 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
                         "rotation at K=384, block 128 needed 288 KB of shared memory); the GPU path is bf16/fp16")
     hb = int(hadamard_block or 0)
     bk, tok, g, waves, nw = geometry(k, hb, interp)
-    nw = num_warps or _warps(tok, nw, interp)
+    nw = num_warps or nw
     waves = waves if interp else GRID_PROGRAMS_PER_SM
+    if not codes:  # the 16-bit output alone: its own geometry (NORM_ONLY_TOKENS, NORM_ONLY_PROGRAMS_PER_SM)
+        tok, waves = NORM_ONLY_TOKENS or tok, (waves if interp else NORM_ONLY_PROGRAMS_PER_SM)
     s_out = sum(p[0].shape[1] for p in parts)
     dev, dt = x0.device, x0.dtype
     q = torch.empty((b * s_out, k), dtype=torch.float16 if dense else torch.int8, device=dev) if codes else None

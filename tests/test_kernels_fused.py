@@ -129,9 +129,11 @@ def test_norm_modulate_dense_codes_and_no_affine(k):
         _close_codes(q8, spec.norm_modulate_int8(parts, None, None, 1e-6, 128), what=str(dtype))
 
 
-@pytest.mark.parametrize("k", [256, 3072])
+@pytest.mark.parametrize("k", [256, 1920, 3072])
 def test_norm_modulate_norm_only_and_magnitudes(k):
-    """``codes=False`` writes only the modulated output; huge, tiny and all-constant (zero-variance) rows."""
+    """``codes=False`` writes only the modulated output; huge, tiny and all-constant (zero-variance) rows. It
+    runs one token per step (``NORM_ONLY_PROGRAMS_PER_SM``): the same values as the codes launch's 16-bit
+    output, whose tile holds several tokens at 256 and 1920."""
     parts = _parts(1, 2, 17, k, seed=9, dtype=torch.bfloat16)
     hs = parts[1][0].clone()
     hs[0, 0] *= 1e15
@@ -144,7 +146,8 @@ def test_norm_modulate_norm_only_and_magnitudes(k):
     assert q is None
     y_ref = spec.norm_modulate(parts, w, bias, 1e-5)
     torch.testing.assert_close(y.cpu().float(), y_ref.float(), rtol=2**-7, atol=1e-6)
-    q, _ = nq.norm_modulate(_to(parts, DEV), _dev(w), _dev(bias), 1e-5, 64)
+    q, y_codes = nq.norm_modulate(_to(parts, DEV), _dev(w), _dev(bias), 1e-5, 64, norm=True)
+    assert torch.equal(y, y_codes)
     _close_codes(q, spec.norm_modulate_int8(parts, w, bias, 1e-5, 64), rate=1e-2)
 
 
@@ -184,11 +187,11 @@ def test_norm_modulate_cuda_geometry_in_the_interpreter(monkeypatch, k, hb):
     _close_codes(q, spec.norm_modulate_int8(parts, w, bias, 1e-5, hb), rate=1e-2)
 
 
-@pytest.mark.parametrize("k,warps", [(1920, 8), (3072, 4)])
+@pytest.mark.parametrize("k,warps", [(1920, 8), (3072, 8)])
 def test_norm_modulate_warps_override_gives_the_same_bits(k, warps):
-    """The default warps (CUDA: 4 at 1920, 8 for 3072's one-token tile) and the other count the benchmark
-    compares give the same bits, both codes forms."""
-    assert nq.default_warps(k, 64) == 12 - warps and nq.default_warps(k, 64, interp=True) == 4
+    """The default warps (4 at every width since session 31; 3072's one-token tile had 8 before) and the other
+    count the benchmark compares give the same bits, both codes forms, on a small problem."""
+    assert nq.default_warps(k, 64) == 4 and nq.default_warps(k, 64, interp=True) == 4
     parts = _to(_parts(2, 3, 21, k, seed=4, dtype=torch.bfloat16, scale=2.0), DEV)
     w, bias = _ln_params(k, 4, torch.bfloat16)
     for dense in (False, True):
