@@ -39,7 +39,7 @@ from .hadamard_quant import _inv_sqrt, _tok_expand, _tok_reduce
 from .rows_int8 import geometry, grid_size, store_int8_rows, tile_index
 
 #: programs per SM of the persistent grid (every tile width): a multiple of 2, 3 and 4 — how many programs
-#: fit per SM depends on the compiler's register count (above: 2 or 3; triton 3.6 on the H200 may differ).
+#: fit per SM depends on the compiler's register count (2 or 3 in a triton 3.9 sm_90 compile; 3.6 may differ).
 #: The programs' tile counts are equal up to one, so a grid that is not a whole number of resident rounds
 #: leaves SMs idle at the end: greedy-scheduling model, 2 × 17,550 video tokens on 132 SMs, makespan over
 #: the ideal at 2 / 3 / 4 resident programs per SM — 8 per SM: 1.01 / 1.13 / 1.02 (K = 1920);
