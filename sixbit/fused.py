@@ -94,9 +94,8 @@ def common_form(layers, like: torch.Tensor, rows: int) -> tuple[str, int | None]
         if route == FP16 or not ops().route_runs_kernel(m.packed, route, like=like, rows=rows, backend=m.backend):
             return None
         forms.add((m.operand_form(like, rows), m.packed.hadamard_block))
-    if len(forms) == 1 and None not in next(iter(forms)):
-        return forms.pop()
-    return SIXTEEN_BIT
+    form, block = forms.pop() if len(forms) == 1 else (None, None)
+    return SIXTEEN_BIT if form is None else (form, block)  # block None: unrotated layers, still INT8 codes
 
 
 class FusedProducersHook(ModelHook):

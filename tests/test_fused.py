@@ -26,11 +26,11 @@ DTYPES = [torch.float32, torch.bfloat16] if DEV == "cpu" else [torch.bfloat16]
 BOUND = 1e-4  # measured: 0 (bf16) and ~2e-8 (fp32) on these blocks
 
 
-def _block(int8_route="w8a8", backend="triton", dtype=DTYPES[0], seed=0):
+def _block(int8_route="w8a8", backend="triton", dtype=DTYPES[0], seed=0, hadamard_block=32):
     """One CogVideoX block (width 32) with swapped linears, the fused processor and the fused hook."""
     block = tiny_cogvideox_pipeline(seed=seed, num_layers=1, dtype=dtype).transformer.transformer_blocks[0].to(DEV)
     names = [n for n, _ in COGVIDEOX.block_linears(block)]
-    new, _ = swap_linears(block, names, formats_=("nvfp4", "int8"), hadamard_block=32, fp_weights="device",
+    new, _ = swap_linears(block, names, formats_=("nvfp4", "int8"), hadamard_block=hadamard_block, fp_weights="device",
                           int8_route=int8_route, backend=backend, k_sigma=None)
     for attn, _ in attention.install([("b", block)], ops(), backend):
         attn.processor.allow_cpu = True
@@ -61,6 +61,17 @@ def test_fused_block_matches_unfused(int8_route, dtype, one_thread):
     block, new, hook, args = _block(int8_route, dtype=dtype)
     got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
     assert (hook.fused, hook.unfused) == (2, 0)
+    _close(got, ref)
+
+
+@pytest.mark.parametrize("int8_route", ["w8a8", "int8"])
+def test_unrotated_layers_read_the_int8_codes_too(int8_route, one_thread):
+    """``hadamard_block=0`` (no rotation: the layers' Hadamard block is None): the producer still writes the INT8
+    codes their INT8 routes read, not the 16-bit output."""
+    block, new, hook, args = _block(int8_route, hadamard_block=0)
+    assert new["attn1.to_q"].packed.hadamard_block is None
+    got, ref = _run(block, hook, args, {m: "int8" for m in new.values()})
+    assert (hook.fused, hook.sixteen, hook.unfused) == (2, 0, 0)
     _close(got, ref)
 
 
