@@ -142,9 +142,10 @@ def norm_modulate(parts, weight: torch.Tensor | None, bias: torch.Tensor | None,
     hb = int(hadamard_block or 0)
     bk, tok, g, waves, nw = geometry(k, hb, interp)
     nw = num_warps or nw
-    waves = waves if interp else GRID_PROGRAMS_PER_SM
     if not codes:  # the 16-bit output alone: its own geometry (NORM_ONLY_TOKENS, NORM_ONLY_PROGRAMS_PER_SM)
-        tok, waves = NORM_ONLY_TOKENS or tok, (waves if interp else NORM_ONLY_PROGRAMS_PER_SM)
+        tok = NORM_ONLY_TOKENS or tok
+    if not interp:
+        waves = GRID_PROGRAMS_PER_SM if codes else NORM_ONLY_PROGRAMS_PER_SM
     s_out = sum(p[0].shape[1] for p in parts)
     dev, dt = x0.device, x0.dtype
     q = torch.empty((b * s_out, k), dtype=torch.float16 if dense else torch.int8, device=dev) if codes else None
