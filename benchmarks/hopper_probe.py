@@ -17,7 +17,11 @@
 * ``sweep``: launch geometries of the computed step's memory-bound passes at 2B shapes (TDC's size, the block
   statistics, the q/k norm + rotary, the norm producer's three forms also at 5B, the INT8 and NVFP4 quantize),
   each against its default in the same run, with the largest difference from the default config's output
-  (session 31).
+  (session 31);
+* ``normload``: the 8-bit attention call as the processor runs it — q/k LayerNorm (2B) or LayerNorm + rotary (5B) by
+  ``layer_norm_rows``, the K/V pass, the attention — against the same call with the norm applied on load by the
+  K/V pass and the attention kernel (``q_norm``/``k_norm``, session 32), and cuDNN SDPA after the same norms, with
+  the largest output difference between the two 8-bit forms.
 
 ``python benchmarks/hopper_probe.py PART OUT.json`` on a GPU."""
 
@@ -284,6 +288,47 @@ if part in ("all", "sweep"):  # session 31: launch geometry of the computed step
         del x
         torch.cuda.empty_cache()
     res["sweep"] = srows
+
+if part in ("all", "normload"):  # session 32: q/k norm (+ rotary) on load vs normalizing first
+    from sixbit_kernels.layernorm import RowNorm, layer_norm_rows
+
+    nrows = []
+    for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
+        B, S, D, T = 2, 17776, 64, 226
+        q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2) * 2 + 0.3
+                   for _ in range(3))
+        w, b = (torch.randn(2, D, device=dev) * 0.3 + torch.tensor([[1.0], [0.0]], device=dev)).to(torch.bfloat16)
+        ang = torch.randn(S - T, D // 2, device=dev)
+        rope = (ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1), T) if rope_on else None
+        norm = RowNorm(w, b, 1e-6, rope)
+        out_s = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+
+        def first():
+            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
+            return A.attention_fp8(qn, A.quantize_kv(kn, v), out=out_s)
+
+        def on_load():
+            return A.attention_fp8(q, A.quantize_kv(k, v, k_norm=norm), out=out_s, q_norm=norm)
+
+        def cudnn():
+            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
+            return F.scaled_dot_product_attention(qn, kn, v)
+
+        ref = first().clone()
+        got = on_load().clone()
+        diff = float((got.float() - ref.float()).abs().max())
+        rel = float((got.float() - ref.float()).norm() / ref.float().norm())
+        t_first, t_load, t_cudnn = bench(first), bench(on_load), bench(cudnn)
+        t_norm = bench(lambda: layer_norm_rows(q, w, b, 1e-6, rope=rope))
+        row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "norm_first_ms": t_first, "norm_on_load_ms": t_load,
+               "saved_ms": t_first - t_load, "one_norm_ms": t_norm, "cudnn_whole_ms": t_cudnn,
+               "x_cudnn_first": t_cudnn / t_first, "x_cudnn_on_load": t_cudnn / t_load,
+               "max_abs_diff": diff, "rel_l2_diff": rel, "ref_max": float(ref.float().abs().max())}
+        nrows.append(row)
+        print("normload", row, flush=True)
+        del q, k, v, out_s, ref, got
+        torch.cuda.empty_cache()
+    res["normload"] = nrows
 
 out = sys.argv[2] if len(sys.argv) > 2 else "ws_probe.json"
 json.dump(res, open(out, "w"), indent=1)

@@ -22,7 +22,10 @@ block and per step by assigning ``processor.attention_route`` before the block r
 ``route`` attribute is to DMPQ). Where the 8-bit kernel cannot run (CPU without ``allow_cpu``, a GPU below
 sm_89, an unsupported head dim, an attention mask) the call falls back to SDPA; ``last_attention_route``
 records what actually ran, for the trace. The 8-bit route writes its output straight into the
-``[B, S, H·D]`` layout ``to_out`` reads, so the transpose copy after SDPA disappears too.
+``[B, S, H·D]`` layout ``to_out`` reads, so the transpose copy after SDPA disappears too; and where the
+8-bit kernel runs (and no observer watches), the q/k norm and rotary are not run first at all: the kernels
+apply them as they load the raw projections (``_norms_on_load``; ``attention_fp8``'s "Q/K norm on load"),
+so the normalized q/k are never written.
 
 Emulation (for quality on the CPU): where the kernel cannot run because the tensors are on the CPU (no
 interpreter) or ``backend="torch"``, the ``"fp8"`` route runs ``formats.attention_fp8_reference`` — the
@@ -71,15 +74,19 @@ def _emulable(q, k, v, emulate: bool) -> bool:
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, allow_cpu: bool = False,
-                  emulate: bool = False) -> tuple[torch.Tensor, str] | None:
+                  emulate: bool = False, norms=None) -> tuple[torch.Tensor, str] | None:
     """8-bit attention of ``[B, H, S, D]`` q/k/v as ``[B, S, H·D]`` in q's dtype, and how it ran (``"kernel"``
     or ``"emulated"``: ``formats.attention_fp8_reference``, instead of the kernel with ``emulate``); None
-    where neither runs."""
+    where neither runs. ``norms``: ``(q_norm, k_norm)`` (``sixbit_kernels.layernorm.RowNorm``) that the kernel
+    applies on load to the raw q and k (kernel only)."""
     B, H, S, D = q.shape
     if not emulate and fp8_supported(q, k, v, allow_cpu=allow_cpu):
         buf = torch.empty(B, S, H, D, dtype=q.dtype, device=q.device)
-        _fp8_module().fp8_attention(q, k, v, out=buf.transpose(1, 2))
+        q_norm, k_norm = norms or (None, None)
+        _fp8_module().fp8_attention(q, k, v, out=buf.transpose(1, 2), q_norm=q_norm, k_norm=k_norm)
         return buf.view(B, S, H * D), "kernel"
+    if norms is not None:
+        raise ValueError("fp8_attention: norms on load need the 8-bit kernel, which cannot run on these tensors")
     if not _emulable(q, k, v, emulate):
         return None
     from sixbit.formats import attention_fp8_reference
@@ -89,15 +96,17 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, allow_cp
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, route: str, *, allow_cpu: bool = False,
-           emulate: bool = False) -> tuple[torch.Tensor, str, bool]:
+           emulate: bool = False, norms=None) -> tuple[torch.Tensor, str, bool]:
     """Joint attention of ``[B, H, S, D]`` q/k/v on ``route``; returns (``[B, S, H·D]`` output, the route that
     ran, whether it was the emulation). ``"fp8"`` falls back to ``"bf16"`` where :func:`fp8_attention`
-    cannot run."""
+    cannot run. ``norms``: see :func:`fp8_attention` (the ``"fp8"`` route on the kernel only)."""
     if route not in ATTENTION_ROUTES:
         raise ValueError(f"attention_route must be one of {ATTENTION_ROUTES}, got {route!r}")
+    if norms is not None and route != "fp8":
+        raise ValueError(f"attend: norms on load need the 'fp8' route, got {route!r}")
     B, H, S, D = q.shape
     if route == "fp8":
-        got = fp8_attention(q, k, v, allow_cpu=allow_cpu, emulate=emulate)
+        got = fp8_attention(q, k, v, allow_cpu=allow_cpu, emulate=emulate, norms=norms)
         if got is not None:
             return got[0], "fp8", got[1] == "emulated"
     out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
@@ -133,6 +142,8 @@ class FusedQKNormRopeProcessor:
         self.last_attention_route: str | None = None
         self.last_attention_emulated = False
         self.observer = None
+        #: 8-bit calls whose q/k norm (and rotary) the attention kernels applied on load (tests, the curious)
+        self.norm_on_load_calls = 0
 
     def _fast(self, attn, x: torch.Tensor, attention_mask, rope) -> bool:
         if self.backend == "torch" or attention_mask is not None:
@@ -210,17 +221,38 @@ class FusedQKNormRopeProcessor:
                              f"{seq - text_len} video tokens × head_dim {head_dim}")
         query = query.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
         key = key.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
-        query = self._norm_rope(query, attn.norm_q, image_rotary_emb, text_len)
-        key = self._norm_rope(key, attn.norm_k, None if attn.is_cross_attention else image_rotary_emb, text_len)
         value = value.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
-        return self._finish(attn, query, key, value, text_len)
+        key_rope = None if attn.is_cross_attention else image_rotary_emb
+        norms = self._norms_on_load(attn, query, key, value, image_rotary_emb, key_rope, text_len)
+        if norms is None:
+            query = self._norm_rope(query, attn.norm_q, image_rotary_emb, text_len)
+            key = self._norm_rope(key, attn.norm_k, key_rope, text_len)
+        return self._finish(attn, query, key, value, text_len, norms=norms)
 
-    def _finish(self, attn, query, key, value, text_len: int, emulate: bool = False):
+    def _norms_on_load(self, attn, query, key, value, rope, key_rope, text_len: int):
+        """``(q_norm, k_norm)`` for the 8-bit kernels to apply as they read the raw projections — the q/k
+        norm's output is then never written (``attention_fp8``'s "Q/K norm on load") — where this call runs
+        the 8-bit kernel and the norm kernel passed its self-check; else None (normalize first)."""
+        if self.attention_route != "fp8" or self.observer is not None:
+            return None
+        if not fp8_supported(query, key, value, allow_cpu=self.allow_cpu):
+            return None
+        k = self.kernels
+        if not (k.layer_norm_supported(query, attn.norm_q.normalized_shape)
+                and k.layer_norm_supported(key, attn.norm_k.normalized_shape)):
+            return None
+        from sixbit_kernels.layernorm import RowNorm
+
+        self.norm_on_load_calls += 1
+        return tuple(RowNorm(n.weight, n.bias, n.eps, None if r is None else (r[0], r[1], text_len))
+                     for n, r in ((attn.norm_q, rope), (attn.norm_k, key_rope)))
+
+    def _finish(self, attn, query, key, value, text_len: int, emulate: bool = False, norms=None):
         if self.observer is not None:
             self.observer(query, key, value)
         emulate = emulate and (self.backend == "torch" or not (query.is_cuda or self.allow_cpu))
         out, self.last_attention_route, self.last_attention_emulated = attend(
-            query, key, value, self.attention_route, allow_cpu=self.allow_cpu, emulate=emulate)
+            query, key, value, self.attention_route, allow_cpu=self.allow_cpu, emulate=emulate, norms=norms)
         out = attn.to_out[1](attn.to_out[0](out))
         encoder_hidden_states, hidden_states = out.split([text_len, out.size(1) - text_len], dim=1)
         return hidden_states, encoder_hidden_states

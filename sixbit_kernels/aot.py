@@ -94,6 +94,13 @@ def drive(sk, target) -> None:
             kv = fa.quantize_kv(q, q)
             fa.attention_fp8(q, kv, config=fa.default_config(d, target.smem),
                              tma=fa.TMA[d] and target.variant == "hopper")
+        # CogVideoX's processor: the raw projections (strided), q/k norm on load — 2B without, 5B with the rotary
+        qt = torch.empty(2, 17776, 30, 64, dtype=torch.bfloat16).transpose(1, 2)
+        for rope in (None, (cs, cs, 226)):
+            norm = sk.layernorm.RowNorm(w, w, 1e-6, rope)
+            kv = fa.quantize_kv(qt, qt, k_norm=norm)
+            fa.attention_fp8(qt, kv, config=fa.default_config(64, target.smem),
+                             tma=fa.TMA[64] and target.variant == "hopper", q_norm=norm)
 
 
 def record(sk, target) -> list[tuple]:

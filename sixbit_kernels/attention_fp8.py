@@ -54,6 +54,17 @@ largest channels per head (and Q's same channels, times the logit scale) in a bf
 from 16.3 % to 3.3 % and ran 2.3× slower (``benchmarks/results/attention_h200_hi_s19.md``); ``k_hi`` now loads through
 TMA under ``tma`` (not yet timed).
 
+Q/K norm on load (``q_norm`` / ``k_norm``, ``layernorm.RowNorm``; session 32). CogVideoX normalizes q and k per head
+(LayerNorm over the 64-wide rows, then the rotary embedding on the video tokens) before the attention; run first,
+that is one more read and write of Q and of K (``layer_norm_rows``). Given the norm, the kernels read the raw
+projections instead and apply it as they load rows — the attention in its prologue (Q is read once per program),
+the K statistics and the K/V pass each on their own tiles (K is normalized twice, in registers; nothing is
+written) — with ``layernorm.norm_rows_tile``, the arithmetic ``layer_norm_rows`` stores. Bit for bit the
+normalized-first call in the interpreter; on a GPU a row's fp32 sums follow the tile's layout, so an odd value
+may differ by one bf16 ulp from ``layer_norm_rows``' (and the statistics' copy from the K/V pass's: the K mean
+then smooths with a mean of values one ulp apart — softmax is invariant to it either way). Not with the hi
+channels (their selection reads the normalized K).
+
 Lengths. Query rows past ``S_q`` are masked on load/store. Keys: ``kv_len`` (int32 per batch, ≤ S_kv;
 default S_kv) ends each batch's keys; full key blocks run unmasked, the one partial block runs masked
 (keys ≥ kv_len get −inf). A key-padding mask is exactly this. ``kv_len`` = 0 gives NaN (0/0).
@@ -87,6 +98,7 @@ import triton.language as tl
 from sixbit import formats as spec
 
 from ._common import absbits, cast_out, cdiv, check_launchable, hadamard_blockdiag, rne_int
+from .layernorm import RowNorm, no_norm, norm_rows_tile
 from .targets import device_target
 
 LOG2E = 1.4426950408889634
@@ -306,9 +318,13 @@ STATS_TILE = 128
 
 @triton.jit
 def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, S, H, NS, skb, skh, sks, skd, svb, svh, svs, svd,
-                     D: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, SMOOTH: tl.constexpr):
+                     nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
+                     D: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, SMOOTH: tl.constexpr,
+                     NORM: tl.constexpr, NORM_W: tl.constexpr, NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr,
+                     INTERP: tl.constexpr):
     """Per (``TILES·TILE`` rows, head): K's fp32 column sums and V's column max of |v| as int32 bit patterns
-    (NaN > inf > finite: an exact amax that carries NaN), one partial each into ``[BH, NS, D]``."""
+    (NaN > inf > finite: an exact amax that carries NaN), one partial each into ``[BH, NS, D]``. ``NORM``: K's
+    rows are the raw projection, normalized (and rotated) on load (``layernorm.norm_rows_tile``)."""
     j = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -322,6 +338,9 @@ def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, S, H, NS, skb, skh, sks,
         r64 = r.to(tl.int64)
         if SMOOTH:
             k = tl.load(k_ptr + b * skb + h * skh + r64[:, None] * sks + d[None, :] * skd, mask=valid, other=0.0)
+            if NORM:
+                k = norm_rows_tile(k, r - n_start, r < S, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, D, TILE, NORM_W,
+                                   NORM_B, NORM_ROPE, k_ptr.dtype.element_ty, INTERP)
             ksum += tl.sum(k.to(tl.float32), axis=0)
         v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
         vmax = tl.maximum(vmax, tl.max(absbits(v.to(tl.float32)), axis=0))
@@ -360,22 +379,25 @@ def _kv_stats_finish_kernel(ksum_ptr, vbits_ptr, mean_ptr, vamax_ptr, vscale_ptr
     tl.store(vscale_ptr + bh * D + d, scale)
 
 
-def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True
+def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True, k_norm: RowNorm | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``formats.attention_kv_stats`` in two launches that read K and V once: (K mean ``[B, H, D]`` fp32 — zeros
     without ``smooth`` —, V amax ``[B, H, D]`` — NaN for every channel of a head with a non-finite value in K's
     mean or V —, V dequantization scales ``[BH, D]``). The V amax is bit-exact; the mean is the spec's to fp32
     rounding (its sum runs in another order: per 1,024-row partial sums, then those in a fixed order — the same
-    result every run)."""
+    result every run). ``k_norm``: ``k`` is the raw projection and K is its :class:`~.layernorm.RowNorm` (the
+    same statistics as of ``layer_norm_rows``' output, read without it)."""
     B, H, S, D = k.shape
     interp = check_launchable(k, v)
+    norm_args, norm_flags = _norm_launch(k_norm, k, "k")
     tile = 16 if interp else STATS_TILE
     tiles = 4 if interp else STATS_ROWS // STATS_TILE
     ns = max(cdiv(S, tile * tiles), 1)
     ksum = torch.empty(B * H, ns, D, dtype=torch.float32, device=k.device)
     vbits = torch.empty(B * H, ns, D, dtype=torch.int32, device=k.device)
-    _kv_stats_kernel[(ns, B * H)](k, v, ksum, vbits, S, H, ns, *k.stride(), *v.stride(),
-                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, num_warps=4)
+    _kv_stats_kernel[(ns, B * H)](k, v, ksum, vbits, S, H, ns, *k.stride(), *v.stride(), *norm_args,
+                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, **norm_flags, INTERP=interp, num_warps=4,
+                                  enable_fp_fusion=False)
     mean = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
     vamax = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
     vscale = torch.empty(B * H, D, dtype=torch.float32, device=k.device)
@@ -386,9 +408,10 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True
 
 @triton.jit
 def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, hidx_ptr, khi_ptr, S, S_pad, H,
-                     skb, skh, sks, skd, svb, svh, svs, svd,
+                     skb, skh, sks, skd, svb, svh, svs, svd, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, ROT: tl.constexpr,
-                     NH: tl.constexpr, INTERP: tl.constexpr):
+                     NH: tl.constexpr, NORM: tl.constexpr, NORM_W: tl.constexpr, NORM_B: tl.constexpr,
+                     NORM_ROPE: tl.constexpr, INTERP: tl.constexpr):
     j = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -398,6 +421,9 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
     valid = (r < S)[:, None]
     r64 = r.to(tl.int64)
     k = tl.load(k_ptr + b * skb + h * skh + r64[:, None] * sks + d[None, :] * skd, mask=valid, other=0.0)
+    if NORM:
+        k = norm_rows_tile(k, r - n_start, r < S, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, D, BLOCK_N, NORM_W,
+                           NORM_B, NORM_ROPE, k_ptr.dtype.element_ty, INTERP)
     mean = tl.load(mean_ptr + bh * D + d)
     kc = tl.where(valid, k.to(tl.float32) - mean[None, :], 0.0)
     if ROT:
@@ -423,16 +449,23 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None, qk: str = "fp8",
                 rotate: bool = False, smooth: bool = True, hi_channels: int = 0,
-                stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> KV8:
+                stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                k_norm: RowNorm | None = None) -> KV8:
     """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides). ``hi_channels``: 0 or
     :data:`HI_CHANNELS` K channels per head kept in bf16 (``formats.attention_quantize_kv``; module docstring).
-    ``stats``: :func:`kv_stats`' output for these K and V if already computed (then ``smooth`` is theirs)."""
+    ``stats``: :func:`kv_stats`' output for these K and V if already computed (then ``smooth`` is theirs).
+    ``k_norm``: ``k`` is the raw projection; K is its row norm (and rotary), applied on load by both launches
+    (module docstring, "Q/K norm on load"); not with ``hi_channels``."""
     _check_qkv(k, k, v, qk)
     B, H, S, D = k.shape
     _check_hi(hi_channels, D, rotate)
+    if hi_channels and k_norm is not None:
+        raise ValueError("quantize_kv: k_norm (the norm on load) does not combine with hi_channels; normalize K "
+                         "first (layernorm.layer_norm_rows)")
     block_n = block_n or default_config(D, int8_rotate=qk == "int8" and rotate)[1]
     interp = check_launchable(k, v)
-    mean, vamax, vscale = kv_stats(k, v, smooth=smooth) if stats is None else stats
+    norm_args, norm_flags = _norm_launch(k_norm, k, "k")
+    mean, vamax, vscale = kv_stats(k, v, smooth=smooth, k_norm=k_norm) if stats is None else stats
     hidx = khi = None
     if hi_channels:  # max |k - mean| per channel from K's max and min (rounding is monotone: the spec's values)
         amax = torch.maximum(k.amax(dim=2).float() - mean, mean - k.amin(dim=2).float())
@@ -447,11 +480,19 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
         khi = torch.empty(B * H, S_pad, hi_channels, dtype=torch.bfloat16, device=k.device)
     _kv_quant_kernel[(S_pad // block_n, B * H)](
         k, v, mean, vamax, k8, ks, v8, hidx if hi_channels else ks, khi if hi_channels else ks, S, S_pad, H,
-        *k.stride(), *v.stride(),
-        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, INTERP=interp,
+        *k.stride(), *v.stride(), *norm_args,
+        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, **norm_flags, INTERP=interp,
         num_warps=4, enable_fp_fusion=False,
     )
     return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, hidx, khi)
+
+
+def _norm_launch(norm: RowNorm | None, x: torch.Tensor, name: str) -> tuple[tuple, dict]:
+    """The norm-on-load arguments of a launch reading ``x`` (``layernorm.RowNorm.launch``), checked."""
+    if norm is None:
+        return no_norm(x)
+    norm.check(x, name)
+    return norm.launch(x)
 
 
 def _check_hi(hi_channels: int, D: int, rotate: bool) -> None:
@@ -515,10 +556,11 @@ def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, 
 @triton.jit
 def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, hidx_ptr, khi_ptr, khi_desc,
                      S_q, S_kv, S_pad, H, qk_const, hi_const,
-                     sqb, sqh, sqs, sqd, sob, soh, sos, sod,
+                     sqb, sqh, sqs, sqd, sob, soh, sos, sod, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
-                     NH: tl.constexpr, PIPE: tl.constexpr, INTERP: tl.constexpr, WS: tl.constexpr = False):
+                     NH: tl.constexpr, PIPE: tl.constexpr, NORM: tl.constexpr, NORM_W: tl.constexpr,
+                     NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr, INTERP: tl.constexpr, WS: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -528,6 +570,9 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     rmask = (rows < S_q)[:, None]
     rows64 = rows.to(tl.int64)
     q = tl.load(q_ptr + b * sqb + h * sqh + rows64[:, None] * sqs + d[None, :] * sqd, mask=rmask, other=0.0)
+    if NORM:  # the raw projection: its row norm (and rotary) here, once per program
+        q = norm_rows_tile(q, rows - n_start, rows < S_q, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, D, BLOCK_M,
+                           NORM_W, NORM_B, NORM_ROPE, q_ptr.dtype.element_ty, INTERP)
     if ROT:
         qf = _rotate(q.to(tl.float32), D, INTERP)
     else:
@@ -601,7 +646,8 @@ def default_config(D: int, smem: int | None = None, *, int8_rotate: bool = False
 
 def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
-                  tma: bool | None = None, exp2_poly: int | None = None, pipelined: bool | None = None) -> torch.Tensor:
+                  tma: bool | None = None, exp2_poly: int | None = None, pipelined: bool | None = None,
+                  q_norm: RowNorm | None = None) -> torch.Tensor:
     """Attention of ``q`` ``[B, H, S_q, D]`` (any strides, bf16/fp16/fp32) over the quantized ``kv``.
 
     Returns ``out`` (default a new ``[B, H, S_q, D]`` tensor of q's dtype; any strided view is written in
@@ -609,7 +655,8 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     num_warps, num_stages) with BLOCK_N equal to ``kv.block_n``; ``tma``: read K/V tiles through TMA
     tensor descriptors instead of pointer loads (default :data:`TMA`); ``exp2_poly``: 1 in this many exp2 by
     the FMA-unit polynomial (:data:`EXP2_POLY`, module docstring; 0 = off; default :data:`POLY`); ``pipelined``:
-    the software-pipelined key loop (default :data:`PIPELINED`)."""
+    the software-pipelined key loop (default :data:`PIPELINED`); ``q_norm``: ``q`` is the raw projection and Q its
+    row norm (and rotary), applied as each program loads its rows (not with ``kv``'s hi channels)."""
     B, H, S_q, D = q.shape
     if (B, H, D) != (kv.batch, kv.heads, kv.k.shape[-1]):
         raise ValueError(f"attention_fp8: q of shape {tuple(q.shape)} does not match the quantized K/V "
@@ -643,6 +690,10 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     qk_const = sm_scale * LOG2E / (D if kv.rotate else 1)
     hi_const = float(torch.tensor(sm_scale * LOG2E, dtype=torch.float32))  # the logit scale on Q's hi channels
     nh = 0 if kv.hi_idx is None else kv.hi_idx.shape[-1]
+    if nh and q_norm is not None:
+        raise ValueError("attention_fp8: q_norm (the norm on load) does not combine with K/V hi channels; "
+                         "normalize Q first (layernorm.layer_norm_rows)")
+    norm_args, norm_flags = _norm_launch(q_norm, q, "q")
     S_pad = kv.k.shape[1]
     k_desc = v_desc = khi_desc = kv.k
     if tma:
@@ -655,9 +706,10 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     LAST_LAUNCH["kernel"] = _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
         q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
         kv.hi_idx if nh else kv.k_scale, kv.k_hi if nh else kv.k_scale, khi_desc,
-        S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(),
+        S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(), *norm_args,
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, INTERP=interp, WS=WARP_SPECIALIZE and not pipelined,
+        TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, **norm_flags, INTERP=interp,
+        WS=WARP_SPECIALIZE and not pipelined,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
     return out
@@ -667,14 +719,17 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str 
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
                   tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0,
-                  pipelined: bool | None = None) -> torch.Tensor:
+                  pipelined: bool | None = None, q_norm: RowNorm | None = None,
+                  k_norm: RowNorm | None = None) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
-    Numerics: ``formats.attention_fp8_reference`` with the same arguments."""
+    Numerics: ``formats.attention_fp8_reference`` with the same arguments — of ``q_norm``/``k_norm`` applied
+    to the raw ``q``/``k`` where given (``layernorm.layer_norm_rows``' output, which is never written)."""
     _check_qkv(q, k, v, qk)
     block_n = config[1] if config else None
-    kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
+    kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels,
+                     k_norm=k_norm)
     return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
-                         exp2_poly=exp2_poly, pipelined=pipelined)
+                         exp2_poly=exp2_poly, pipelined=pipelined, q_norm=q_norm)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

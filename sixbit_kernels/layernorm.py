@@ -22,6 +22,8 @@ rounded to the output dtype, then ``x·cos + rot(x)·sin`` in fp32 with separate
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -41,20 +43,35 @@ def _ln_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, cos_ptr, sin_ptr, R, d1, d2, s0,
     i2 = r64 % d2
     base = i0 * s0 + i1 * s1 + i2 * s2
     col = tl.arange(0, D)
-    x = tl.load(x_ptr + base[:, None] + col[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + base[:, None] + col[None, :], mask=rmask[:, None], other=0.0)
+    out = norm_rows_tile(x, i2 - rope_start, rmask, w_ptr, b_ptr, cos_ptr, sin_ptr, eps, D, BLOCK_R, HAS_W, HAS_B,
+                         ROPE, y_ptr.dtype.element_ty, INTERP)
+    tl.store(y_ptr + r64[:, None] * D + col[None, :], out, mask=rmask[:, None])
+
+
+@triton.jit
+def norm_rows_tile(x, pos, rmask, w_ptr, b_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROPE: tl.constexpr, OUT: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """The norm (and rotary) of a loaded ``[BLOCK_R, D]`` tile of rows, rounded to ``OUT`` — what
+    :func:`layer_norm_rows` stores; rows where ``rmask`` is false give zeros. ``pos``: each row's position
+    in the rotary tables (rows with ``pos < 0`` are not rotated). The one definition of the arithmetic: the
+    8-bit attention's Q load and K/V pass call it on the projections (:class:`RowNorm`)."""
+    x = x.to(tl.float32)
     mean = tl.sum(x, axis=1) / D
     xc = x - mean[:, None]
     var = tl.sum(xc * xc, axis=1) / D
     rstd = 1.0 / tl.sqrt_rn(var + eps)
     y = xc * rstd[:, None]
+    col = tl.arange(0, D)
     if HAS_W:
         y = y * tl.load(w_ptr + col).to(tl.float32)[None, :]
     if HAS_B:
         y = y + tl.load(b_ptr + col).to(tl.float32)[None, :]
-    out = cast_out(y, y_ptr.dtype.element_ty, INTERP)
+    out = cast_out(y, OUT, INTERP)
     if ROPE:
-        out = _rope(out, i2 - rope_start, rmask, cos_ptr, sin_ptr, D, BLOCK_R, y_ptr.dtype.element_ty, INTERP)
-    tl.store(y_ptr + r64[:, None] * D + col[None, :], out, mask=rmask[:, None])
+        out = _rope(out, pos, rmask, cos_ptr, sin_ptr, D, BLOCK_R, OUT, INTERP)
+    return tl.where(rmask[:, None], out, 0.0).to(OUT)
 
 
 @triton.jit
@@ -85,6 +102,54 @@ def supported(x: torch.Tensor, normalized_shape) -> bool:
             and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
+class RowNorm(NamedTuple):
+    """A per-row LayerNorm (and rotary) to apply on load: ``F.layer_norm(x, (D,), weight, bias, eps)``, then
+    with ``rope=(cos, sin, start)`` diffusers' ``apply_rotary_emb`` on rows ``start ..`` of the
+    second-to-last dim — what :func:`layer_norm_rows` computes, for kernels that read the raw rows instead
+    of its output (the 8-bit attention: ``attention_fp8.fp8_attention(..., q_norm=, k_norm=)``)."""
+
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    eps: float
+    rope: tuple[torch.Tensor, torch.Tensor, int] | None = None
+
+    def check(self, x: torch.Tensor, name: str = "x") -> None:
+        """Raise ``ValueError`` (naming ``name`` and the field) where this norm does not fit ``x``."""
+        D = x.shape[-1]
+        if not supported(x, (D,)):
+            raise ValueError(f"{name}: unsupported input for the row norm: shape {tuple(x.shape)} / strides "
+                             f"{x.stride()} / dtype {x.dtype} (a power-of-two last dim in [16, 256], contiguous)")
+        for field in ("weight", "bias"):
+            t = getattr(self, field)
+            if t is not None and tuple(t.shape) != (D,):
+                raise ValueError(f"{name}: norm {field} of shape {tuple(t.shape)} does not match head dim {D}")
+        if self.rope is not None:
+            cos, sin, start = self.rope
+            n = x.shape[-2] - int(start) if x.dim() >= 2 else -1
+            if (x.dim() < 2 or not 0 <= int(start) <= x.shape[-2] or tuple(cos.shape) != (n, D)
+                    or tuple(sin.shape) != (n, D) or D % 2):
+                raise ValueError(f"{name}: rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} from position "
+                                 f"{start} do not fit {name} of shape {tuple(x.shape)}")
+
+    def launch(self, like: torch.Tensor) -> tuple[tuple, dict]:
+        """The kernel arguments ``(w, b, cos, sin, eps, start)`` (``like`` where absent) and the constexprs
+        ``NORM``, ``NORM_W``, ``NORM_B``, ``NORM_ROPE`` of a kernel that calls :func:`norm_rows_tile`."""
+        cos = sin = like
+        start = 0
+        if self.rope is not None:
+            cos, sin, start = self.rope
+            cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        args = (like if self.weight is None else self.weight, like if self.bias is None else self.bias, cos, sin,
+                float(self.eps), int(start))
+        return args, dict(NORM=True, NORM_W=self.weight is not None, NORM_B=self.bias is not None,
+                          NORM_ROPE=self.rope is not None)
+
+
+def no_norm(like: torch.Tensor) -> tuple[tuple, dict]:
+    """:meth:`RowNorm.launch` of a kernel call without a norm (the pointers are placeholders)."""
+    return (like, like, like, like, 0.0, 0), dict(NORM=False, NORM_W=False, NORM_B=False, NORM_ROPE=False)
+
+
 def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
                     *, rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                     block_rows: int = 32, num_warps: int = 4) -> torch.Tensor:
@@ -98,21 +163,10 @@ def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     ``block_rows`` / ``num_warps``: the CUDA launch (benchmarks; same results). H200, 2B's q with the rotary
     (``[2, 30, 17776, 64]`` strided, ``probe_sweep_h200_s31.json``): 32 rows on 4 warps 0.121 ms, 64 rows (the
     default until session 31) 0.168."""
-    if not supported(x, (x.shape[-1],)):
-        raise ValueError(f"layer_norm_rows: unsupported input shape {tuple(x.shape)} / strides {x.stride()} / "
-                         f"dtype {x.dtype}")
+    norm = RowNorm(weight, bias, eps, rope)
+    norm.check(x, "layer_norm_rows")
     D = x.shape[-1]
-    if rope is not None:
-        cos, sin, start = rope
-        n = x.shape[-2] - int(start) if x.dim() >= 2 else -1
-        if (x.dim() < 2 or not 0 <= int(start) <= x.shape[-2] or tuple(cos.shape) != (n, D)
-                or tuple(sin.shape) != (n, D) or D % 2):
-            raise ValueError(f"layer_norm_rows: rotary tables {tuple(cos.shape)} / {tuple(sin.shape)} from "
-                             f"position {start} do not fit x of shape {tuple(x.shape)}")
-        cos, sin = cos.float().contiguous(), sin.float().contiguous()
-        interp = check_launchable(x, cos, sin)
-    else:
-        interp = check_launchable(x)
+    interp = check_launchable(x, *(rope[:2] if rope is not None else ()))
     lead = list(x.shape[:-1])
     strides = list(x.stride()[:-1])
     while len(lead) < 3:
@@ -123,16 +177,13 @@ def layer_norm_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Te
     if R == 0:
         return y
     br = 16 if interp else block_rows
-    w = weight if weight is not None else y
-    b = bias if bias is not None else y
-    c, s = (cos, sin) if rope is not None else (y, y)
+    (w, b, c, s, eps, start), flags = norm.launch(y)
     _ln_rows_kernel[(cdiv(R, br),)](
-        x, w, b, y, c, s, R, lead[1], lead[2], strides[0], strides[1], strides[2], float(eps),
-        int(rope[2]) if rope is not None else 0,
-        D=D, BLOCK_R=br, HAS_W=weight is not None, HAS_B=bias is not None, ROPE=rope is not None,
+        x, w, b, y, c, s, R, lead[1], lead[2], strides[0], strides[1], strides[2], eps, start,
+        D=D, BLOCK_R=br, HAS_W=flags["NORM_W"], HAS_B=flags["NORM_B"], ROPE=flags["NORM_ROPE"],
         INTERP=interp, num_warps=num_warps, enable_fp_fusion=False,
     )
     return y
 
 
-__all__ = ["layer_norm_rows", "supported"]
+__all__ = ["RowNorm", "layer_norm_rows", "norm_rows_tile", "no_norm", "supported"]

@@ -120,6 +120,38 @@ def test_fp8_route_matches_the_spec_and_sdpa():
     assert ran == "fp8" and ATTENTION_ROUTES == ("bf16", "fp8")
 
 
+@pytest.mark.parametrize("with_rope", [True, False])
+def test_fp8_route_normalizes_q_and_k_on_load(with_rope):
+    """On the 8-bit route the processor hands the raw q/k projections and their norms (+ rotary) to the
+    attention kernels (``_norms_on_load``): ``layer_norm_rows`` does not run, and the output is the one of
+    normalizing first — bit for bit in the interpreter, within the 8-bit kernel's rounding on a GPU. An
+    observer (calibration) still sees normalized q/k: then the norm runs first."""
+    attn, hs, enc, rope = _fp8_ready_attn()
+    rope = rope if with_rope else None
+    proc = FusedQKNormRopeProcessor(attn.processor, sk.ops, allow_cpu=True, attention_route="fp8")
+    attn.set_processor(proc)
+    with torch.no_grad():
+        attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)  # GPU: the self-checks run on first use
+        calls = []
+        real = sk.ops.layer_norm_rows
+        try:
+            sk.ops.layer_norm_rows = lambda *a, **k: calls.append(1) or real(*a, **k)
+            before = proc.norm_on_load_calls
+            out = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+            assert proc.norm_on_load_calls == before + 1 and calls == [] and proc.last_attention_route == "fp8"
+            seen = []
+            proc.observer = lambda q, k, v: seen.append(q)
+            first = attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+            assert proc.norm_on_load_calls == before + 1 and len(calls) == 2 and len(seen) == 1
+        finally:
+            sk.ops.layer_norm_rows = real
+    for o, r in zip(out, first):
+        if DEV == "cpu":
+            assert torch.equal(o, r)
+        else:
+            assert float((o - r).norm() / r.norm()) < 0.02
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback (on a GPU the kernel runs)")
 def test_fp8_route_falls_back_to_sdpa():
     """No interpreter permission (CPU), an unsupported head dim, or backend="torch": SDPA runs."""

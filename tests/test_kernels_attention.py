@@ -383,6 +383,95 @@ def test_rejections():
         fa.attention_fp8(q.to(DEV), kv, config=CFG, exp2_poly=3)
 
 
+def _projections(case, seed=40, B=1, S=45, H=2, D=32, text=13):
+    """Raw q/k/v projections as the processor holds them (transposed views of ``[B, S, H, D]``), the q and k
+    norms (non-trivial affine, with or without the rotary from position ``text``) and, for the reference, the
+    normalized q and k from ``layer_norm_rows``."""
+    from sixbit_kernels.layernorm import RowNorm, layer_norm_rows
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, S, H, D, generator=g).transpose(1, 2) * 2 + 0.5 for _ in range(3))
+    if case == "outliers":
+        k[..., 3] *= 20  # an outlier channel before the norm
+        q[..., 7] *= 10
+    elif case == "zeros":
+        k[0, 1, :5] = 0  # all-zero rows: the norm gives the bias
+        q[0, 0, 2] = 0
+    elif case == "huge":
+        q, k = q * 1e30, k * 1e-30
+    elif case == "non-finite":
+        k[0, 1, 7, 0] = float("inf")
+        q[0, 0, 3, 2] = float("nan")
+    q, k, v = (t.to(torch.bfloat16).to(DEV) for t in (q, k, v))
+    w, b = (torch.randn(2, 2, D, generator=g) * 0.3 + torch.tensor([1.0, 0.0])[:, None, None]).to(torch.bfloat16)
+    ang = torch.randn(S - text, D // 2, generator=g)
+    rope = None
+    if case != "no-rope":
+        rope = (ang.cos().repeat_interleave(2, -1).to(DEV), ang.sin().repeat_interleave(2, -1).to(DEV), text)
+    norms = [RowNorm(w[i].to(DEV), b[i].to(DEV), 1e-6, rope) for i in range(2)]
+    normed = [layer_norm_rows(t, n.weight, n.bias, n.eps, rope=n.rope) for t, n in zip((q, k), norms)]
+    return (q, k, v), norms, normed
+
+
+@pytest.mark.parametrize("case", ["normal", "no-rope", "outliers", "zeros", "huge", "non-finite"])
+def test_norm_on_load_equals_normalizing_first(case):
+    """``q_norm``/``k_norm``: the K/V pass (statistics and codes) and the attention read the raw projections and
+    normalize (and rotate) on load — the same as normalizing first with ``layer_norm_rows``: bit for bit in the
+    interpreter; on a GPU the row sums of the norm may run in another order (one bf16 ulp on the odd value)."""
+    (q, k, v), (qn, kn), (q1, k1) = _projections(case)
+    kv = fa.quantize_kv(k, v, block_n=CFG[1], k_norm=kn)
+    kv1 = fa.quantize_kv(k1, v, block_n=CFG[1])
+    out = fa.attention_fp8(q, kv, config=CFG, q_norm=qn).float().cpu()
+    ref = fa.attention_fp8(q1, kv1, config=CFG).float().cpu()
+    def same(a, b):  # NaN where NaN
+        return torch.equal(a.float().cpu().nan_to_num(7.0), b.float().cpu().nan_to_num(7.0))
+
+    assert same(kv.v, kv1.v) and same(kv.v_scale, kv1.v_scale)
+    if DEV == "cpu":
+        assert same(kv.k, kv1.k) and same(kv.k_scale, kv1.k_scale) and same(out, ref)
+    else:
+        assert float((kv.k.float() != kv1.k.float()).float().mean()) < 0.01
+        _close(out, ref)
+    if case == "non-finite":  # Q's NaN row stays one row; K's inf makes its head NaN
+        assert torch.isnan(out[0, 0]).any(-1).tolist() == [i == 3 for i in range(45)]
+        assert bool(torch.isnan(out[0, 1]).all())
+    else:
+        assert bool(torch.isfinite(out).all())
+
+
+def test_norm_on_load_against_the_torch_chain():
+    """The whole call against PyTorch's LayerNorm, diffusers' rotary and the 8-bit spec (the chain the
+    processor replaces), and against fp32 attention of the normalized q/k."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    (q, k, v), (qn, kn), _ = _projections("normal", seed=41, S=70, text=6)
+    out = fa.fp8_attention(q, k, v, config=CFG, q_norm=qn, k_norm=kn).float().cpu()
+
+    def torch_norm(t, n):
+        y = torch.nn.functional.layer_norm(t.float().cpu(), (t.shape[-1],), n.weight.float().cpu(),
+                                           n.bias.float().cpu(), n.eps).to(t.dtype)
+        cos, sin, start = n.rope
+        y[:, :, start:] = apply_rotary_emb(y[:, :, start:], (cos.cpu(), sin.cpu()))
+        return y
+
+    q1, k1 = torch_norm(q, qn), torch_norm(k, kn)
+    _close(out, spec.attention_fp8_reference(q1, k1, v.cpu(), block_n=CFG[1]))
+    assert float(spec.relative_error(out, _sdpa(q1, k1, v.cpu()))) < 0.05
+
+
+def test_norm_on_load_rejections():
+    (q, k, v), (qn, kn), (q1, k1) = _projections("normal", S=40)
+    with pytest.raises(ValueError, match="hi_channels"):
+        fa.quantize_kv(k, v, block_n=CFG[1], k_norm=kn, hi_channels=fa.HI_CHANNELS)
+    with pytest.raises(ValueError, match="rotary tables"):
+        fa.quantize_kv(k[:, :, :30], v[:, :, :30], block_n=CFG[1], k_norm=kn)  # tables for 40 - 13 tokens
+    with pytest.raises(ValueError, match="norm weight"):
+        fa.quantize_kv(k, v, block_n=CFG[1], k_norm=kn._replace(weight=kn.weight[:16]))
+    kv = fa.quantize_kv(k1, v, block_n=CFG[1])
+    with pytest.raises(ValueError, match="q: rotary tables"):
+        fa.attention_fp8(q[:, :, :30], kv, config=CFG, q_norm=qn)
+
+
 def test_variants_benchmark_times_each_variant_against_the_baseline():
     """``python -m benchmarks.attention --variants`` on a tiny shape (CPU: the interpreter, a counting timer): every
     variant gets kernel/whole times and its error vs fp32; a failing one is recorded, the others still run."""
