@@ -320,8 +320,13 @@ if part in ("all", "normload"):  # session 32: q/k norm (+ rotary) on load vs no
         rel = float((got.float() - ref.float()).norm() / ref.float().norm())
         t_first, t_load, t_cudnn = bench(first), bench(on_load), bench(cudnn)
         t_norm = bench(lambda: layer_norm_rows(q, w, b, 1e-6, rope=rope))
+        warps, A.KV_NORM_WARPS = A.KV_NORM_WARPS, 4  # the K passes' warps with the norm on load: 4 against the default
+        same4 = bool(torch.equal(on_load(), got))
+        t_load4 = bench(on_load)
+        A.KV_NORM_WARPS = warps
         row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "norm_first_ms": t_first, "norm_on_load_ms": t_load,
-               "saved_ms": t_first - t_load, "one_norm_ms": t_norm, "cudnn_whole_ms": t_cudnn,
+               "saved_ms": t_first - t_load, "one_norm_ms": t_norm,
+               "norm_on_load_kv_4_warps_ms": t_load4, "kv_4_warps_same": same4, "cudnn_whole_ms": t_cudnn,
                "x_cudnn_first": t_cudnn / t_first, "x_cudnn_on_load": t_cudnn / t_load,
                "max_abs_diff": diff, "rel_l2_diff": rel, "ref_max": float(ref.float().abs().max())}
         nrows.append(row)

@@ -396,7 +396,8 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True, k_norm: R
     ksum = torch.empty(B * H, ns, D, dtype=torch.float32, device=k.device)
     vbits = torch.empty(B * H, ns, D, dtype=torch.int32, device=k.device)
     _kv_stats_kernel[(ns, B * H)](k, v, ksum, vbits, S, H, ns, *k.stride(), *v.stride(), *norm_args,
-                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, **norm_flags, INTERP=interp, num_warps=4,
+                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, **norm_flags, INTERP=interp,
+                                  num_warps=KV_NORM_WARPS if k_norm is not None else 4,
                                   enable_fp_fusion=False)
     mean = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
     vamax = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
@@ -482,9 +483,15 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
         k, v, mean, vamax, k8, ks, v8, hidx if hi_channels else ks, khi if hi_channels else ks, S, S_pad, H,
         *k.stride(), *v.stride(), *norm_args,
         D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, **norm_flags, INTERP=interp,
-        num_warps=4, enable_fp_fusion=False,
+        num_warps=KV_NORM_WARPS if k_norm is not None else 4, enable_fp_fusion=False,
     )
     return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, hidx, khi)
+
+
+#: warps of the K statistics and the K/V pass when they normalize K on load: on 4 warps the norm and rotary's
+#: temporaries take the K/V pass's 256-key tile of 64 channels to 255 registers and a spill (ptxas for sm_90a; the
+#: statistics' 128-row tile to 210); on 8, 174 and 159, no spill
+KV_NORM_WARPS = 8
 
 
 def _norm_launch(norm: RowNorm | None, x: torch.Tensor, name: str) -> tuple[tuple, dict]:
