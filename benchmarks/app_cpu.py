@@ -54,7 +54,7 @@ def _cpu_s() -> float:
 
 def legacy_path() -> None:
     """The simulated path before issue 16 (same numbers, more work)."""
-    sk.ops._dense_weight = lambda packed, fmt: packed.weight(fmt).dequantize(torch.float32)
+    sk.ops._dense_weight = lambda packed, route: packed.weight(sk.ops.WEIGHT_FORMAT[route]).dequantize(torch.float32)
     fmt.fake_quantize_nvfp4 = lambda x, ts=None, *, check_finite=True: fmt.quantize_nvfp4(
         x, ts, check_finite=check_finite).dequantize(torch.float32)
 

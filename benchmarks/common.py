@@ -37,6 +37,8 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "dmpq_tdc_stream": ("dmpq_tdc", dict(fp_weights="stream")),
                  "full_stream": ("full", dict(fp_weights="stream")),
                  "full_w8a8": ("full", dict(int8_route="w8a8")),
+                 # INT8 decisions on the int8 tensor cores from the resident NVFP4 weight, re-quantized per call
+                 "full_requant": ("full", dict(int8_route="w4a8_requant")),
                  # the method presets route attention by the policy (8-bit where predicted error ≤ τ_attn);
                  # these rows are the same configurations with bf16 attention, for the comparison
                  "full_bf16attn": ("full", dict(attention="bf16")),
@@ -79,6 +81,8 @@ LABELS = {
     "full_stream": "full 6Bit · FP16 weights streamed",
     "full_same_skips": "full 6Bit · DMPQ+TDC's skips replayed (PDR's effect alone)",
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies) + 8-bit attention by policy",
+    "full_requant": "full 6Bit · INT8 decisions on the int8 tensor cores, NVFP4 weights re-quantized per call "
+                    "(int8_route=\"w4a8_requant\") + 8-bit attention by policy",
     "full_attn_as_policy": "full 6Bit · after-skip attention by the policy on the stale Γ",
     "full_attn_as_policy_t50": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 50 %",
     "full_attn_as_policy_t90": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 90 %",

@@ -21,7 +21,11 @@
 * ``normload``: the 8-bit attention call as the processor runs it — q/k LayerNorm (2B) or LayerNorm + rotary (5B) by
   ``layer_norm_rows``, the K/V pass, the attention — against the same call with the norm applied on load by the
   K/V pass and the attention kernel (``q_norm``/``k_norm``, session 32), and cuDNN SDPA after the same norms, with
-  the largest output difference between the two 8-bit forms.
+  the largest output difference between the two 8-bit forms;
+* ``requant``: the ``w4a8_requant`` route's weight operand (session 33) at the six 2B/5B block shapes — the NVFP4
+  weight re-quantized to INT8 (``requant.requantize_int8``, a few launch geometries, outputs compared) + the W8A8
+  GEMM, against W4A8's decode-once GEMM (the ``int8`` route), W8A8 on a resident INT8 weight and cuBLAS bf16, with
+  each route's relative error against the fp32 product of the same rotated weights.
 
 ``python benchmarks/hopper_probe.py PART OUT.json`` on a GPU."""
 
@@ -334,6 +338,46 @@ if part in ("all", "normload"):  # session 32: q/k norm (+ rotary) on load vs no
         del q, k, v, out_s, ref, got
         torch.cuda.empty_cache()
     res["normload"] = nrows
+
+if part in ("all", "requant"):  # session 33: W4A8 on the int8 tensor cores from the resident NVFP4 weight
+    from sixbit_kernels import gemm_w8a8 as G8
+    from sixbit_kernels import hadamard_quant as HQ
+    from sixbit_kernels import requant as RQ
+
+    qrows = []
+    M = 35552
+    for N, K in [(1920, 1920), (7680, 1920), (1920, 7680), (3072, 3072), (12288, 3072), (3072, 12288)]:
+        w = torch.randn(N, K, device=dev) * 0.02
+        x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+        bias = torch.randn(N, device=dev).to(torch.bfloat16) * 0.1
+        w4, w8 = formats.quantize_nvfp4(w), formats.quantize_int8(w)
+        q8, _ = HQ.quantize_int8_act(x)
+        d8, _ = HQ.quantize_int8_act(x, dense=True)
+        da = G.DenseAct(d8.data, "int8", row_scale=d8.scale)
+        r8 = RQ.requantize_int8(w4)
+        ref = r8
+        cfgs = {}
+        for cfg in [RQ.CONFIG, (4, 256, 4), (16, 256, 4), (8, 512, 4), (8, 128, 4), (16, 512, 8), (32, 256, 8)]:
+            got = RQ.requantize_int8(w4, config=cfg)
+            same = bool(torch.equal(got.data, ref.data) and torch.equal(got.scale, ref.scale))
+            cfgs[str(cfg)] = {"ms": bench(lambda: RQ.requantize_int8(w4, config=cfg)), "same": same}
+        y32 = x.float() @ w.T + bias.float()
+        err = lambda y: float(formats.relative_error(y.float(), y32))
+        row = {"N": N, "K": K, "requant_configs": cfgs,
+               "cublas_bf16_ms": bench(lambda: F.linear(x, w.to(torch.bfloat16), bias)),
+               "w4a8_decode_once_ms": bench(lambda: G.gemm_w4(da, w4, bias, decode="once")),
+               "w8a8_resident_ms": bench(lambda: G8.gemm_w8a8(q8, w8, bias, torch.bfloat16)),
+               "w8a8_on_requant_ms": bench(lambda: G8.gemm_w8a8(q8, r8, bias, torch.bfloat16)),
+               "requant_plus_w8a8_ms": bench(lambda: G8.gemm_w8a8(q8, RQ.requantize_int8(w4), bias, torch.bfloat16)),
+               "rel_err_w4a8": err(G.gemm_w4(da, w4, bias, decode="once")),
+               "rel_err_w4a8_requant": err(G8.gemm_w8a8(q8, r8, bias, torch.bfloat16)),
+               "rel_err_w8a8": err(G8.gemm_w8a8(q8, w8, bias, torch.bfloat16)),
+               "requant_equals_spec": bool(torch.equal(formats.requantize_int8(w4).data, r8.data))}
+        qrows.append(row)
+        print("requant", row, flush=True)
+        del w, x, w4, w8, q8, d8, da, r8, ref, y32
+        torch.cuda.empty_cache()
+    res["requant"] = qrows
 
 out = sys.argv[2] if len(sys.argv) > 2 else "ws_probe.json"
 json.dump(res, open(out, "w"), indent=1)

@@ -51,7 +51,10 @@ STORE_CONFIGS = ("tdc_only_blocks", "full_blocks")
 REGATE_CONFIGS = ("tdc_only_noregate", "full_noregate", "fast_noregate")
 #: opt-in row: the full method with step 0 at INT8, no full-precision warm-up steps (the paper's rule)
 WARMUP_CONFIGS = ("full_nowarmup",)
-ROW_CHOICES = QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS + REGATE_CONFIGS + WARMUP_CONFIGS
+#: opt-in row: INT8 decisions on the int8 tensor cores from the 4-bit weights, re-quantized per call (session 33)
+ROUTE_CONFIGS = ("full_requant",)
+ROW_CHOICES = (QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS + REGATE_CONFIGS + WARMUP_CONFIGS
+               + ROUTE_CONFIGS)
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR
 #: decide live). full_same_skips isolates PDR: the full method with exactly DMPQ+TDC's skips, because
 #: purified deltas also change TDC's own decisions (a cleaner Δ reads as more stable, so TDC skips more)

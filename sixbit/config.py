@@ -65,7 +65,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixbit.routes import FP16, INT8, NVFP4, STATIC, W8A8
+from sixbit.routes import FP16, INT8, INT8_ROUTES, NVFP4, STATIC, W8A8
 
 __all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
 
@@ -100,8 +100,10 @@ class SixBitConfig:
         INT8,
         "What an INT8 decision runs: 'int8' = NVFP4 weights × INT8 activations (the paper's W4A8, "
         "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
-        "also keeps an 8-bit copy of every weight resident).",
-        choices=(INT8, W8A8),
+        "also keeps an 8-bit copy of every weight resident); 'w4a8_requant' = W4A8 on the int8 tensor cores: "
+        "the 4-bit weights stay the only ones resident and are re-quantized to per-channel INT8 for each "
+        "call (one more rounding of the weight, at most 1/254 of its row's largest magnitude).",
+        choices=INT8_ROUTES,
         label="INT8 route",
     )
     nvfp4_route: str = _f(

@@ -57,7 +57,8 @@ dequantizes to NaN. Never a silent finite value.
 Routes
 ------
 ``route`` names how a linear layer computes: ``"nvfp4"`` (W4A4), ``"int8"`` (W4A8: NVFP4 weights, INT8
-activations), ``"w8a8"`` (INT8 weights and activations; the Hopper int8 tensor-core path), ``"w4a16"`` (activations unquantized,
+activations), ``"w8a8"`` (INT8 weights and activations; the Hopper int8 tensor-core path), ``"w4a8_requant"`` (W4A8 on the
+int8 tensor cores: the NVFP4 weight re-quantized to per-channel INT8, :func:`requantize_int8`), ``"w4a16"`` (activations unquantized,
 times the dequantized NVFP4 weights: the full-precision-activation route of a layer that no longer holds
 its original weights), ``"fp16"`` (the plain layer: activations times the original weights).
 ``reference_linear`` defines each one's numerics; their names, bits and letters are the table in
@@ -95,6 +96,7 @@ __all__ = [
     "dequantize_nvfp4",
     "quantize_int8",
     "dequantize_int8",
+    "requantize_int8",
     "hadamard_matrix",
     "block_hadamard",
     "fold_hadamard",
@@ -324,6 +326,20 @@ def dequantize_int8(t: Int8Tensor, dtype: torch.dtype = torch.float32) -> torch.
     return (t.data.float() * t.scale.float()).to(dtype)
 
 
+def requantize_int8(t: NVFP4Tensor) -> Int8Tensor:
+    """An NVFP4 weight ``[N, K]`` as per-output-channel INT8: the weight the ``w4a8_requant`` route multiplies.
+
+    ``u = E2M1 · bs`` (exact in fp32: ≤ 6 significant bits; the tensor scale left out), codes =
+    :func:`quantize_int8`'s codes of ``u`` per row, scale = ``(amax_row(u) / 127) · s``. A row holding a NaN
+    block scale gets a NaN scale and zero codes, as :func:`quantize_int8` unchecked. The extra rounding error is
+    at most half an INT8 step of the row's largest magnitude (``6 · bs_max / 254``), below NVFP4's own largest
+    rounding error in the finest band (a quarter of the block scale) in every block whose scale is above
+    ~1/10 of the row's largest."""
+    u = e2m1_decode(unpack_fp4(t.data)).reshape(*t.scales.shape, FP4_BLOCK) * t.scales.float().unsqueeze(-1)
+    q = quantize_int8(u.reshape(t.shape), check_finite=False)
+    return Int8Tensor(q.data, q.scale * t.tensor_scale.float().reshape(()), t.orig_dtype)
+
+
 # ------------------------------------------------------------------------------------------ Hadamard
 
 
@@ -427,8 +443,9 @@ def reference_linear(
     ``weight`` is the original high-precision ``W [N, K]``. ``"fp16"`` is the plain ``F.linear`` in the
     activation dtype. The quantized routes rotate activations and weights by the block Hadamard (when
     ``hadamard_block`` is given), quantize both (weights NVFP4 for ``nvfp4``/``int8``, INT8 per channel
-    for ``w8a8``; activations NVFP4 with a per-tensor scale for ``nvfp4``, per-token INT8 for ``int8`` and
-    ``w8a8``, left unquantized for ``w4a16``), and multiply the dequantized values in fp32.
+    for ``w8a8``, NVFP4 then :func:`requantize_int8` for ``w4a8_requant``; activations NVFP4 with a per-tensor
+    scale for ``nvfp4``, per-token INT8 for ``int8``, ``w8a8`` and ``w4a8_requant``, left unquantized for
+    ``w4a16``), and multiply the dequantized values in fp32.
     """
     if route == "fp16":
         return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
@@ -436,6 +453,8 @@ def reference_linear(
         raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
     xr = block_hadamard(x, hadamard_block) if hadamard_block else x.float()
     wq = quantize_weight(weight, WEIGHT_FORMAT[route], hadamard_block)
+    if route == "w4a8_requant":
+        wq = requantize_int8(wq)
     if route == "w4a16":
         xq = xr
     elif route == "nvfp4":

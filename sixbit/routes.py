@@ -5,15 +5,17 @@ A *route* is how one routed linear layer computes one call. Every module reads t
 ``sixbit_kernels.ops``); this module imports nothing from sixbit, so the kernels can read it without
 depending on the method (the import direction stays: routes ← formats ← kernels ← linear ← engine).
 
-=========  =======  =======  ========  =======  ================================================
-route      trace    letter   act bits  weights  what it computes
-=========  =======  =======  ========  =======  ================================================
-nvfp4      nvfp4    ``n``    4.5       nvfp4    W4A4: NVFP4 activations × NVFP4 weights
-int8       int8     ``i``    8         nvfp4    W4A8: per-token INT8 activations × NVFP4 weights
-w8a8       int8     —        8         int8     INT8 × INT8 (Hopper's int8 tensor cores)
-w4a16      fp16     —        16        nvfp4    16-bit activations × the dequantized NVFP4 weights
-fp16       fp16     ``f``    16        —        the original layer (its 16-bit weights)
-=========  =======  =======  ========  =======  ================================================
+============  =======  =======  ========  =======  ================================================
+route         trace    letter   act bits  weights  what it computes
+============  =======  =======  ========  =======  ================================================
+nvfp4         nvfp4    ``n``    4.5       nvfp4    W4A4: NVFP4 activations × NVFP4 weights
+int8          int8     ``i``    8         nvfp4    W4A8: per-token INT8 activations × NVFP4 weights
+w8a8          int8     —        8         int8     INT8 × INT8 (Hopper's int8 tensor cores)
+w4a8_requant  int8     —        8         nvfp4    W4A8 on the int8 tensor cores: the NVFP4 weight
+                                                   re-quantized to per-channel INT8 for each call
+w4a16         fp16     —        16        nvfp4    16-bit activations × the dequantized NVFP4 weights
+fp16          fp16     ``f``    16        —        the original layer (its 16-bit weights)
+============  =======  =======  ========  =======  ================================================
 
 * *trace*: the trace reports a route by its activation precision (its display name); the summary counts
   those three plus ``skipped``. NVFP4's 4.5 bits include its e4m3 scale per 16 elements.
@@ -24,7 +26,8 @@ fp16       fp16     ``f``    16        —        the original layer (its 16-bit
 
 The route called ``fp16`` ("full precision": warm-up, PDR, quantization off) runs as ``w4a16`` on a layer
 that no longer holds its original weights (``fp_weights="cpu"``, the default), and a DMPQ ``int8``
-decision runs as ``w8a8`` with ``int8_route="w8a8"``: :func:`resolve`. Either way the trace shows what the
+decision runs as ``w8a8`` with ``int8_route="w8a8"`` (or ``w4a8_requant`` with ``int8_route="w4a8_requant"``):
+:func:`resolve`. Either way the trace shows what the
 decision asked for, by activation precision: ``display(resolve(r)) == display(r)``.
 """
 
@@ -32,7 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Route", "TABLE", "ROUTES", "NVFP4", "INT8", "W8A8", "W4A16", "FP16", "SKIPPED", "KERNEL_ROUTES",
+__all__ = ["Route", "TABLE", "ROUTES", "NVFP4", "INT8", "W8A8", "W4A8_REQUANT", "INT8_ROUTES", "W4A16", "FP16",
+           "SKIPPED", "KERNEL_ROUTES",
            "WEIGHT_FORMAT", "DISPLAY_ROUTES", "TRACE_ROUTES", "BITS", "LETTERS", "FROM_LETTER", "STATIC",
            "display", "resolve", "nvfp4_as_int8"]
 
@@ -47,6 +51,9 @@ class Route:
 
 
 NVFP4, INT8, W8A8, W4A16, FP16 = "nvfp4", "int8", "w8a8", "w4a16", "fp16"
+#: W4A8 on the int8 tensor cores: 4-bit weights resident, re-quantized to per-channel INT8 for each call
+#: (``formats.requantize_int8``): one more rounding of the weight than ``int8``, none of ``w8a8``'s 8-bit copies
+W4A8_REQUANT = "w4a8_requant"
 #: the trace's name of a block evaluation that reused its cached delta
 SKIPPED = "skipped"
 
@@ -54,6 +61,7 @@ TABLE: dict[str, Route] = {r.name: r for r in (
     Route(NVFP4, NVFP4, 4.5, "nvfp4", "n"),
     Route(INT8, INT8, 8.0, "nvfp4", "i"),
     Route(W8A8, INT8, 8.0, "int8"),
+    Route(W4A8_REQUANT, INT8, 8.0, "nvfp4"),
     Route(W4A16, FP16, 16.0, "nvfp4"),
     Route(FP16, FP16, 16.0, None, "f"),
 )}
@@ -70,6 +78,9 @@ BITS = {r: TABLE[r].act_bits for r in DISPLAY_ROUTES}
 #: skip-schedule letters
 LETTERS = {r.name: r.letter for r in TABLE.values() if r.letter is not None}
 FROM_LETTER = {v: k for k, v in LETTERS.items()}
+#: the routes whose activations are per-token INT8 (the one operand a fused producer can emit), and what an
+#: INT8 decision can run (``SixBitConfig.int8_route``)
+INT8_ROUTES = (INT8, W8A8, W4A8_REQUANT)
 #: the static baselines: quantization mode (``SixBitConfig.quant``) → the one route of every layer
 STATIC = {"w4a4": NVFP4, "w4a8": INT8, "w8a8": W8A8}
 
@@ -81,7 +92,7 @@ def display(route: str) -> str:
 
 def resolve(route: str, *, has_fp_weights: bool, int8_route: str = INT8) -> str:
     """The route a layer actually runs for a decided ``route``: ``fp16`` without the original weights on
-    hand is ``w4a16``; ``int8`` is ``int8_route`` (``int8`` or ``w8a8``)."""
+    hand is ``w4a16``; ``int8`` is ``int8_route`` (one of :data:`INT8_ROUTES`)."""
     if route == FP16:
         return FP16 if has_fp_weights else W4A16
     if route == INT8:

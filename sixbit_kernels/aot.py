@@ -3,7 +3,7 @@
 ``python -m sixbit_kernels.aot [--caps 80,86,89,90,100,120] [--jobs 2]`` (run *without*
 ``TRITON_INTERPRET``; no GPU needed). For each target capability it drives the real wrappers —
 ``ops.linear`` on every route at the CogVideoX-2B/5B and Wan-1.3B linear shapes (large M: decode-once
-GEMMs; small M: modulation / text-encoder rows, per-tile decode), PDR's outlier count, the block
+GEMMs, ``w4a8_requant``'s re-quantize + W8A8; small M: modulation / text-encoder rows, per-tile decode), PDR's outlier count, the block
 bookkeeping, the q/k norm (+ rotary), the fused producers (norm → INT8, GELU → INT8), the self-check's
 problems and, from sm_89, the 8-bit attention (K/V pass and attention at head dims 64 and 128, the tile
 ``attention_fp8.default_config`` picks for the target's shared memory) — with CPU tensors and that target's
@@ -113,7 +113,7 @@ def record(sk, target) -> list[tuple]:
     def fake_run(self, *args, grid, warmup, **kwargs):
         seen.setdefault((self.fn.__qualname__, repr(_spec_key(args, kwargs))), (self, args, kwargs))
 
-    mods = [sk.gemm_w8a8, sk.gemm_w4, sk.hadamard_quant, sk.block_stats, sk.gated_residual, sk.layernorm, sk.norm_quant, sk.gelu_quant,
+    mods = [sk.gemm_w8a8, sk.gemm_w4, sk.requant, sk.hadamard_quant, sk.block_stats, sk.gated_residual, sk.layernorm, sk.norm_quant, sk.gelu_quant,
             sk.attention_fp8]
     saved = [m.check_launchable for m in mods]
     JITFunction.run = fake_run

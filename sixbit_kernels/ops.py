@@ -11,7 +11,9 @@ Contract (the engine, ``sixbit/linear.py``, codes against this):
 
 ``linear(x [..., K], packed, route, *, k_sigma=None, backend="auto", cache=None, options=None) -> (y [..., N] in x.dtype, count)``
     ``route`` in ``"nvfp4"`` (W4A4), ``"int8"`` (W4A8: NVFP4 weights, per-token INT8 activations),
-    ``"w8a8"`` (needs ``"int8"`` in ``formats``), ``"w4a16"`` (unquantized activations × NVFP4 weights).
+    ``"w8a8"`` (needs ``"int8"`` in ``formats``), ``"w4a8_requant"`` (W4A8 on the int8 tensor cores: the NVFP4
+    weight re-quantized to per-channel INT8 for the call, ``requant.py``), ``"w4a16"`` (unquantized activations
+    × NVFP4 weights).
     Numerics: ``formats.reference_linear`` of the same route. With ``k_sigma``, ``count`` is the number of
     outliers of ``x`` (``formats.outlier_count``: ``|x| > k_sigma * rms(token)``, un-rotated input) as an
     int64 0-d tensor, computed inside the activation-quantization pass; else ``None``.
@@ -69,7 +71,7 @@ from functools import partial
 import torch
 
 from sixbit import formats as spec
-from sixbit.routes import KERNEL_ROUTES, WEIGHT_FORMAT
+from sixbit.routes import INT8_ROUTES, KERNEL_ROUTES, W4A8_REQUANT, W8A8, WEIGHT_FORMAT
 
 from . import blackwell, selfcheck, targets
 
@@ -88,6 +90,7 @@ try:  # the Triton kernels; without triton (e.g. macOS) only backend="torch" wor
     from .layernorm import layer_norm_rows
     from .layernorm import supported as layer_norm_shape_ok
     from .norm_quant import norm_modulate as _norm_modulate_kernel
+    from .requant import requantize_int8
 
     HAVE_TRITON = True
 except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
@@ -502,32 +505,37 @@ def _act_torch(x2: torch.Tensor, route: str, hb, k_sigma, reduce_amax=None):
     xr = spec.block_hadamard(x2, hb) if hb else x2.float()
     if route == "nvfp4":
         xq = spec.fake_quantize_nvfp4(xr, spec.nvfp4_tensor_scale(xr, reduce_amax), check_finite=False)
-    elif route in ("int8", "w8a8"):
+    elif route in INT8_ROUTES:
         xq = spec.quantize_int8(xr, check_finite=False).dequantize(torch.float32)
     else:
         xq = xr
     return xq, count
 
 
-def _dense_weight(packed: PackedLinear, fmt: str) -> torch.Tensor:
-    """The fp32 dequantized weight the torch reference multiplies. On the CPU it is kept after the first
-    call (the simulated path trades memory for time: 4 bytes per weight beside the packed ones); elsewhere
-    it is rebuilt per call, so a GPU never holds a 32-bit copy."""
-    w = packed.weight(fmt)
-    if w.data.device.type != "cpu":
-        return w.dequantize(torch.float32)
+def _dense_weight(packed: PackedLinear, route: str) -> torch.Tensor:
+    """The fp32 dequantized weight the torch reference multiplies on ``route`` (``w4a8_requant``: the NVFP4
+    weight re-quantized, ``formats.requantize_int8``). On the CPU it is kept after the first call (the
+    simulated path trades memory for time: 4 bytes per weight beside the packed ones); elsewhere it is
+    rebuilt per call, so a GPU never holds a 32-bit copy."""
+    def make():
+        w = packed.weight(WEIGHT_FORMAT[route])
+        return (spec.requantize_int8(w) if route == W4A8_REQUANT else w).dequantize(torch.float32)
+
+    if packed.device.type != "cpu":
+        return make()
+    key = W4A8_REQUANT if route == W4A8_REQUANT else WEIGHT_FORMAT[route]
     cache = packed.__dict__.setdefault("_dense_cpu", {})
-    if fmt not in cache:
-        cache[fmt] = w.dequantize(torch.float32)
-    return cache[fmt]
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
 
 
 def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, cache=None, x=None,
                   reduce_amax=None):
     hb = packed.hadamard_block
-    key = ("torch", "int8" if route == "w8a8" else route, hb, k_sigma)
+    key = ("torch", "int8" if route in INT8_ROUTES else route, hb, k_sigma)
     xq, count = _cached(cache, x, key, lambda: _act_torch(x2, route, hb, k_sigma, reduce_amax))
-    y = xq @ _dense_weight(packed, WEIGHT_FORMAT[route]).T
+    y = xq @ _dense_weight(packed, route).T
     if packed.bias is not None:
         y = y + packed.bias.float()
     return y.to(x2.dtype), count
@@ -535,10 +543,10 @@ def _linear_torch(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, c
 
 def _act_form(route: str, dense: bool, w4a16_split: bool = False) -> str:
     """The GEMM operand a route needs: what ``_act_triton`` builds and the ``ActCache`` key (the int8 route
-    with packed codes and w8a8 read the same tensor)."""
+    with packed codes, w8a8 and w4a8_requant read the same tensor)."""
     if route == "nvfp4":
         return "nvfp4-dense" if dense else "nvfp4"
-    if route in ("int8", "w8a8"):
+    if route in INT8_ROUTES:
         return "int8-dense" if route == "int8" and dense else "int8"
     return "w4a16-split" if w4a16_split else "w4a16"
 
@@ -575,13 +583,18 @@ def _linear_triton(x2: torch.Tensor, packed: PackedLinear, route: str, k_sigma, 
     form = _act_form(route, options.dense_activations and not native, options.w4a16_split)
     a, count = _cached(cache, x, ("triton", form, hb, k_sigma),
                        lambda: _act_triton(x2, form, hb, k_sigma, target, reduce_amax))
-    if route == "w8a8":
-        y = gemm_w8a8(a, w, bias, out_dtype, target=target, activation=activation)
+    if route in (W8A8, W4A8_REQUANT):
+        y = gemm_w8a8(a, _int8_weight(w, route, target), bias, out_dtype, target=target, activation=activation)
     elif native:
         y = spec.activate(blackwell.scaled_mm_nvfp4(a, w, bias, out_dtype), activation)
     else:
         y = gemm_w4(a, w, bias, out_dtype, target=target, activation=activation)
     return y, (None if count is None else count.to(torch.int64))
+
+
+def _int8_weight(w, route: str, target: targets.Target | None):
+    """The INT8 weight operand of ``w8a8`` (resident) or ``w4a8_requant`` (re-quantized from NVFP4 for this call)."""
+    return requantize_int8(w, target=target) if route == W4A8_REQUANT else w
 
 
 def _variant_target(base: targets.Target, impl: str) -> targets.Target:
@@ -698,7 +711,7 @@ def operand_form(packed: PackedLinear, route: str, options: KernelOptions | None
     ``like`` (an activation of the producer's device and dtype) and ``rows`` under ``backend="auto"``, also
     ``None`` where the route's self-check sent it to the torch reference (a broken kernel then runs exactly
     the reference path, producer included)."""
-    if route not in ("int8", "w8a8") or WEIGHT_FORMAT[route] not in packed.formats:
+    if route not in INT8_ROUTES or WEIGHT_FORMAT[route] not in packed.formats:
         return None
     if like is not None and _resolve(backend, like) == "checked":
         if _route_impl(_Rows(like.device, rows, like.dtype), packed, route, None) == selfcheck.TORCH:
@@ -747,10 +760,10 @@ def _linear_prequantized(x: QuantizedInput, packed: PackedLinear, route: str, k_
         tgt = tgt or _variant_target(_kernel_target(x.device), impl)
     if be == "torch":
         xq = x.act.data.float() * x.act.scale.float()
-        y = xq @ _dense_weight(packed, WEIGHT_FORMAT[route]).T
+        y = xq @ _dense_weight(packed, route).T
         y = spec.activate((y + packed.bias.float() if packed.bias is not None else y).to(x.dtype), activation)
-    elif route == "w8a8":
-        y = gemm_w8a8(x.act, w, packed.bias, x.dtype, target=tgt, activation=activation)
+    elif route in (W8A8, W4A8_REQUANT):
+        y = gemm_w8a8(x.act, _int8_weight(w, route, tgt), packed.bias, x.dtype, target=tgt, activation=activation)
     else:
         a = DenseAct(x.act.data, "int8", row_scale=x.act.scale) if x.form == "int8-dense" else x.act
         y = gemm_w4(a, w, packed.bias, x.dtype, target=tgt, activation=activation)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import SixBitConfig
+from sixbit import SixBitConfig, formats
 from sixbit.linear import SixBitLinear
 from sixbit.testing import generate, save_and_reload, tiny_cogvideox_pipeline
 
@@ -155,6 +155,25 @@ def test_nvfp4_decisions_run_w8a8_where_the_fast_preset_says(pipe):
     generate(pipe)
     assert handle.trace.summary()["route_counts"]["nvfp4"] > 0 and handle.trace.summary()["nvfp4_as_int8"] == 0
     handle.remove()
+
+
+def test_int8_decisions_run_requantized_with_only_4bit_weights_resident(pipe):
+    """int8_route="w4a8_requant": the INT8 decisions run the re-quantized route, the trace still says int8, the
+    layers hold NVFP4 weights only (no 8-bit copy), and the output is that route's numerics, not W4A8's."""
+    cfg = SixBitConfig.preset("dmpq_only", policy=None, tau=0.047, warmup_steps=0)
+    outs = {}
+    for int8_route in ("int8", "w4a8_requant"):
+        handle = sixbit.apply(pipe, cfg.replace(int8_route=int8_route))
+        assert all(m.packed.formats == ("nvfp4",) for m in handle.modules)
+        outs[int8_route] = generate(pipe)
+        ran = {m.last_route for m in handle.modules}
+        summary = handle.trace.summary()
+        handle.remove()
+        assert summary["route_counts"]["int8"] > 0 and set(summary["route_counts"]) <= {"nvfp4", "int8", "fp16",
+                                                                                           "skipped"}
+        assert ran <= {"nvfp4", int8_route} and int8_route in ran
+    a, b = (torch.as_tensor(outs[r]).float() for r in ("int8", "w4a8_requant"))
+    assert not torch.equal(a, b) and float(formats.relative_error(b, a)) < 0.05
 
 
 def test_fused_qkv_is_quantized_after_fusing_and_refused_after_apply(pipe):

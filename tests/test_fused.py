@@ -221,7 +221,7 @@ def _layer(k=64, n=48):
                              formats=("nvfp4", "int8"), hadamard_block=32)
 
 
-@pytest.mark.parametrize("route", ["w8a8", "int8"])
+@pytest.mark.parametrize("route", ["w8a8", "int8", "w4a8_requant"])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_linear_on_quantized_input_equals_linear_on_x(route, backend):
     """A producer's operand built with today's quantize of ``x`` gives ``linear(x)``'s output."""
@@ -242,6 +242,8 @@ def test_quantized_input_errors_name_the_mismatch():
     act = spec.quantize_int8(torch.randn(4, 64))
     q = ops().QuantizedInput(act, 32, (4,), torch.float32)
     assert ops().operand_form(p, "nvfp4") is None and ops().operand_form(p, "w8a8") == "int8"
+    assert ops().operand_form(p, "w4a8_requant") == "int8"  # the codes W8A8 reads: no 8-bit weight needed
+    assert ops().operand_form(ops().pack_linear(torch.randn(8, 64), None), "w4a8_requant") == "int8"
     with pytest.raises(ValueError, match="reads no pre-quantized operand"):
         ops().linear(q, p, "nvfp4")
     with pytest.raises(ValueError, match="reads int8-dense"):

@@ -62,7 +62,7 @@ def test_hopper_variant_only_on_sm90_and_covers_the_tma_kernels(results):
     acts = {(r["kernel"], r["constexprs"].get("ACT")) for r in results}  # the GELU epilogue of the large-M GEMMs
     assert {(k, 1) for k in ("_gemm_w8a8_kernel", "_gemm_dense_w_kernel", "_gemm_dense_w_persistent_kernel")} <= acts
     assert {"_gemm_w8a8_kernel", "_gemm_w4_kernel", "_gemm_dense_w_kernel", "_gemm_dense_w_persistent_kernel",
-            "_decode_w_kernel", "_rows_kernel",
+            "_decode_w_kernel", "_requant_kernel", "_rows_kernel",
             "_nvfp4_kernel", "_delta_stats_kernel", "_gated_residual_kernel", "_finite_l1_kernel", "_ln_rows_kernel"} <= kernels
 
 

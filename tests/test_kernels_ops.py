@@ -81,7 +81,7 @@ def test_pack_linear_to_device_and_errors():
 # ------------------------------------------------------------------------------------------ linear
 
 
-ROUTES = ("nvfp4", "int8", "w8a8", "w4a16")
+ROUTES = ("nvfp4", "int8", "w8a8", "w4a8_requant", "w4a16")
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -179,8 +179,9 @@ def test_linear_nan_input_gives_nan_output():
     x[2, 3] = float("nan")
     y4, _ = ops.linear(x.to(DEV), p, "nvfp4", backend="triton")
     assert bool(torch.isnan(y4).all()), "NVFP4: one NaN poisons the per-tensor scale"
-    y8, _ = ops.linear(x.to(DEV), p, "w8a8", backend="triton")
-    assert bool(torch.isnan(y8[2]).all()) and bool(torch.isfinite(y8[[0, 1, 3]]).all())
+    for route in ("w8a8", "w4a8_requant"):  # per-token INT8: the NaN token alone
+        y8, _ = ops.linear(x.to(DEV), p, route, backend="triton")
+        assert bool(torch.isnan(y8[2]).all()) and bool(torch.isfinite(y8[[0, 1, 3]]).all()), route
 
 
 def test_quantize_act_both_backends_agree():

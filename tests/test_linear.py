@@ -17,7 +17,7 @@ def _model():
     return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32, bias=False))
 
 
-@pytest.mark.parametrize("route", ["nvfp4", "int8", "w8a8", "w4a16"])
+@pytest.mark.parametrize("route", ["nvfp4", "int8", "w8a8", "w4a8_requant", "w4a16"])
 def test_routes_match_the_numerics_spec(route):
     model = _model()
     lin = model[0]
