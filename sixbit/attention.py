@@ -48,6 +48,11 @@ __all__ = ["ATTENTION_ROUTES", "FusedQKNormRopeProcessor", "attend", "fp8_attent
 
 #: "bf16": SDPA in the model dtype (diffusers' own); "fp8": the 8-bit attention kernel
 ATTENTION_ROUTES = ("bf16", "fp8")
+#: whether the 8-bit route also applies the q/k norm on load where the model has rotary embeddings (CogVideoX-5B,
+#: 1.5). Off: measured on an H100 (``probe_normload_h100_s33.json``) the whole 8-bit call at 5B shapes took 14.10 ms
+#: with the norm + rotary on load against 13.94 normalizing first (the K passes' extra arithmetic costs more than
+#: the two norm launches save); at 2B (no rotary) 8.66 against 8.77, so the norm without rotary stays on load
+NORM_ON_LOAD_ROTARY = False
 
 
 def _fp8_module():
@@ -232,8 +237,11 @@ class FusedQKNormRopeProcessor:
     def _norms_on_load(self, attn, query, key, value, rope, key_rope, text_len: int):
         """``(q_norm, k_norm)`` for the 8-bit kernels to apply as they read the raw projections — the q/k
         norm's output is then never written (``attention_fp8``'s "Q/K norm on load") — where this call runs
-        the 8-bit kernel and the norm kernel passed its self-check; else None (normalize first)."""
+        the 8-bit kernel and the norm kernel passed its self-check, and without rotary tables unless
+        :data:`NORM_ON_LOAD_ROTARY`; else None (normalize first)."""
         if self.attention_route != "fp8" or self.observer is not None:
+            return None
+        if (rope is not None or key_rope is not None) and not NORM_ON_LOAD_ROTARY:
             return None
         if not fp8_supported(query, key, value, allow_cpu=self.allow_cpu):
             return None

@@ -121,11 +121,15 @@ def test_fp8_route_matches_the_spec_and_sdpa():
 
 
 @pytest.mark.parametrize("with_rope", [True, False])
-def test_fp8_route_normalizes_q_and_k_on_load(with_rope):
+def test_fp8_route_normalizes_q_and_k_on_load(with_rope, monkeypatch):
     """On the 8-bit route the processor hands the raw q/k projections and their norms (+ rotary) to the
     attention kernels (``_norms_on_load``): ``layer_norm_rows`` does not run, and the output is the one of
     normalizing first — bit for bit in the interpreter, within the 8-bit kernel's rounding on a GPU. An
-    observer (calibration) still sees normalized q/k: then the norm runs first."""
+    observer (calibration) still sees normalized q/k: then the norm runs first. With rotary tables only
+    where ``NORM_ON_LOAD_ROTARY`` says so (off by default: slower on an H100; tested here switched on)."""
+    import sixbit.attention as sa
+
+    monkeypatch.setattr(sa, "NORM_ON_LOAD_ROTARY", True)
     attn, hs, enc, rope = _fp8_ready_attn()
     rope = rope if with_rope else None
     proc = FusedQKNormRopeProcessor(attn.processor, sk.ops, allow_cpu=True, attention_route="fp8")
@@ -150,6 +154,28 @@ def test_fp8_route_normalizes_q_and_k_on_load(with_rope):
             assert torch.equal(o, r)
         else:
             assert float((o - r).norm() / r.norm()) < 0.02
+
+
+def test_fp8_route_with_rotary_normalizes_first_by_default():
+    """``NORM_ON_LOAD_ROTARY`` off (the default): with rotary tables the processor runs ``layer_norm_rows`` (+ the
+    rotary) first and the 8-bit kernels read the normalized q/k; without them the norm still rides on load."""
+    import sixbit.attention as sa
+
+    assert sa.NORM_ON_LOAD_ROTARY is False
+    attn, hs, enc, rope = _fp8_ready_attn()
+    proc = FusedQKNormRopeProcessor(attn.processor, sk.ops, allow_cpu=True, attention_route="fp8")
+    attn.set_processor(proc)
+    calls, real = [], sk.ops.layer_norm_rows
+    with torch.no_grad():
+        attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)  # GPU: the self-checks run on first use
+        try:
+            sk.ops.layer_norm_rows = lambda *a, **k: calls.append(1) or real(*a, **k)
+            attn(hs, encoder_hidden_states=enc, image_rotary_emb=rope)
+            assert proc.norm_on_load_calls == 0 and len(calls) == 2 and proc.last_attention_route == "fp8"
+            attn(hs, encoder_hidden_states=enc, image_rotary_emb=None)
+            assert proc.norm_on_load_calls == 1 and len(calls) == 2
+        finally:
+            sk.ops.layer_norm_rows = real
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback (on a GPU the kernel runs)")

@@ -430,7 +430,9 @@ def test_norm_on_load_equals_normalizing_first(case):
     if DEV == "cpu":
         assert same(kv.k, kv1.k) and same(kv.k_scale, kv1.k_scale) and same(out, ref)
     else:
-        assert float((kv.k.float() != kv1.k.float()).float().mean()) < 0.01
+        # codes of the heads with a finite K (a non-finite K's head is NaN, its codes meaningless)
+        ok = torch.isfinite(kv1.k_scale.float()).reshape(kv1.k_scale.shape[0], -1).all(-1)
+        assert float((kv.k[ok].float() != kv1.k[ok].float()).float().mean()) < 0.01
         _close(out, ref)
     if case == "non-finite":  # Q's NaN row stays one row; K's inf makes its head NaN
         assert torch.isnan(out[0, 0]).any(-1).tolist() == [i == 3 for i in range(45)]
