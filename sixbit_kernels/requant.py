@@ -28,8 +28,10 @@ from ._common import absbits, cdiv, check_launchable, decode_nvfp4, next_pow2, r
 from .gemm_w4 import _weight_parts
 from .targets import Target, resolve
 
-#: (rows per program, K tile, warps): 8 rows keep 240+ programs at CogVideoX-2B's narrowest layer (N = 1920)
-CONFIG = (8, 256, 4)
+#: (rows per program, K tile, warps): the fastest or within 8 % of it at the six CogVideoX-2B/5B block shapes among
+#: seven geometries (H100, ``python benchmarks/hopper_probe.py requant``, ``probe_requant_h100_s33.json``: 12–58 µs a
+#: weight, 1–2.5 % of the GEMM after it; every geometry gave the same bits)
+CONFIG = (8, 512, 4)
 INTERP_CONFIG = (4, 32, 1)
 
 
