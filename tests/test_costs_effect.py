@@ -121,3 +121,13 @@ def test_cpu_has_no_weight_saving_and_an_unknown_model_no_ratio():
 def test_device_class(device, cap, name, cls):
     assert costs.device_class(device, cap, name) == cls
     assert costs.fp4_tensor_cores(cls) == (cls in ("sm_100", "sm_120"))
+
+
+def test_requantized_int8_route_has_no_invented_speed_but_the_4bit_memory():
+    """``int8_route="w4a8_requant"`` has no measured unit cost in the model (its GEMM was timed on an H100 only, in a
+    probe, not in the runs the model is fitted to): no speed-up is shown, while the weights are the 4-bit ones."""
+    cfg = SixBitConfig.preset("balanced", int8_route="w4a8_requant")
+    e = costs.expected_effect(cfg, "sm_90", TWO_B)
+    assert e.measured and e.computed is None and e.at_skip is None
+    assert e.weight_ratio == costs.expected_effect(SixBitConfig.preset("balanced"), "sm_90", TWO_B).weight_ratio
+    assert cfg.weight_formats == ("nvfp4",)

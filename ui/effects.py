@@ -16,7 +16,9 @@ CLASS_NAMES = {"cpu": "this CPU", "sm_90": "Hopper (sm_90)", "sm_80-89": "Ampere
                "cuda": "this GPU (capability unknown)"}
 
 SPEED_ALTERNATIVE = ("For speed instead: Advanced → **INT8 route = w8a8** (INT8 decisions on W8A8: int8 tensor "
-                     "cores, plus an 8-bit copy of each weight) or **Quantization = w8a8** (static W8A8 + TDC).")
+                     "cores, plus an 8-bit copy of each weight), **INT8 route = w4a8_requant** (the same tensor cores "
+                     "from the 4-bit weights alone, re-quantized per call: one more rounding of the weights) or "
+                     "**Quantization = w8a8** (static W8A8 + TDC).")
 
 
 def _x(v: float) -> str:
