@@ -27,8 +27,8 @@ fp16          fp16     ``f``    16        —        the original layer (its 16-
 The route called ``fp16`` ("full precision": warm-up, PDR, quantization off) runs as ``w4a16`` on a layer
 that no longer holds its original weights (``fp_weights="cpu"``, the default), and a DMPQ ``int8``
 decision runs as ``w8a8`` with ``int8_route="w8a8"`` (or ``w4a8_requant`` with ``int8_route="w4a8_requant"``):
-:func:`resolve`. Either way the trace shows what the
-decision asked for, by activation precision: ``display(resolve(r)) == display(r)``.
+:func:`resolve`. Either way the trace shows what the decision asked for, by activation precision:
+``display(resolve(r)) == display(r)``.
 """
 
 from __future__ import annotations
