@@ -173,6 +173,18 @@ def absbits(v):
 
 
 @triton.jit
+def int8_row_scale(amax_bits):
+    """Per-row symmetric INT8 from a row amax given as :func:`absbits` patterns: ``(inv, scale)`` with codes
+    ``rne(x · inv)`` and ``scale = amax / 127`` (``formats.quantize_int8``: amax 0 → scale 1; a non-finite
+    amax → NaN scale). The spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)."""
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    amax_safe = tl.where(amax == 0.0, 127.0, amax)
+    inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
+    scale = tl.where(amax_bits < 0x7F800000, tl.math.div_rn(amax_safe, 127.0), float("nan"))
+    return inv, scale
+
+
+@triton.jit
 def e4m3_round(v):
     """fp32 ``v`` in [2**-6, 448] (or NaN) → (e4m3 byte as int32, the e4m3 value as fp32); RNE.
 

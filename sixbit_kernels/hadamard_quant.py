@@ -60,6 +60,7 @@ from ._common import (
     e2m1_encode,
     e2m1_half,
     e4m3_round,
+    int8_row_scale,
     make_h,
     next_pow2,
     num_sms,
@@ -203,12 +204,7 @@ def _rows_kernel(
         # ---- per-token results
         inv = tl.zeros((TOK,), dtype=tl.float32)
         if MODE == 0:
-            amax = amax_tok.to(tl.float32, bitcast=True)
-            amax_safe = tl.where(amax == 0.0, 127.0, amax)
-            # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
-            inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
-            scale = tl.math.div_rn(amax_safe, 127.0)
-            scale = tl.where(amax_tok < 0x7F800000, scale, float("nan"))
+            inv, scale = int8_row_scale(amax_tok)
             t1 = blk * TOK + tl.arange(0, TOK)
             tl.store(scale_ptr + t1, scale, mask=t1 < M)
         thr = tl.zeros((TOK,), dtype=tl.float32)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from sixbit.formats import FP4_BLOCK, Int8Tensor, NVFP4Tensor
 
-from ._common import absbits, cdiv, check_launchable, decode_nvfp4, next_pow2, rne_int
+from ._common import absbits, cdiv, check_launchable, decode_nvfp4, int8_row_scale, next_pow2, rne_int
 from .gemm_w4 import _weight_parts
 from .targets import Target, resolve
 
@@ -56,15 +56,10 @@ def _requant_kernel(w_ptr, ws_ptr, ts_ptr, q_ptr, scale_ptr, N, K,
     for k0 in range(0, K, BLOCK_K):
         u = _requant_tile(w_ptr, ws_ptr, r64, nmask, k0, K, BLOCK_N, BLOCK_K, PTX)
         amax_bits = tl.maximum(amax_bits, tl.max(absbits(u), axis=1))
-    finite = amax_bits < 0x7F800000
-    amax = amax_bits.to(tl.float32, bitcast=True)
-    amax_safe = tl.where(amax == 0.0, 127.0, amax)
-    # the spec's ``127 / amax`` is torch's ``amax.reciprocal() * 127`` (Tensor.__rtruediv__)
-    inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
-    scale = tl.math.div_rn(amax_safe, 127.0) * tl.load(ts_ptr)
-    tl.store(scale_ptr + rn, tl.where(finite, scale, float("nan")), mask=rn < N)
+    inv, scale = int8_row_scale(amax_bits)
+    tl.store(scale_ptr + rn, scale * tl.load(ts_ptr), mask=rn < N)  # NaN stays NaN
     inv = inv[:, None]
-    keep = finite[:, None]  # a row with a NaN block scale: NaN scale, zero codes (the spec's nan_to_num)
+    keep = (amax_bits < 0x7F800000)[:, None]  # a row with a NaN block scale: zero codes (the spec's nan_to_num)
     for k0 in range(0, K, BLOCK_K):
         u = _requant_tile(w_ptr, ws_ptr, r64, nmask, k0, K, BLOCK_N, BLOCK_K, PTX)
         q = tl.where(keep, tl.minimum(tl.maximum(rne_int(u * inv), -127.0), 127.0), 0.0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import absbits, cdiv, chunk_width, next_pow2, rne_int, rotate
+from ._common import absbits, cdiv, chunk_width, int8_row_scale, next_pow2, rne_int, rotate
 from .hadamard_quant import _tok_expand, _tok_reduce
 
 #: rows of the register tile on CUDA for rows of ≤ ``ROWS_SHORT_MAX`` chunks (e.g. 1920: two tokens, the tile
@@ -67,11 +67,7 @@ def store_int8_rows(y, h, kk, valid, orow, orow_tok, tok_ok, q_ptr, scale_ptr, s
     (fp16 codes with ``DENSE``) and scales at ``scale_ptr[orow_tok]`` — ``hadamard_quant``'s INT8 mode."""
     r = rotate(y, h, HB, INV_SQRT, INTERP)
     amax_tok = _tok_reduce(tl.max(absbits(r), axis=1), TOK, G, True)
-    amax = amax_tok.to(tl.float32, bitcast=True)
-    amax_safe = tl.where(amax == 0.0, 127.0, amax)
-    inv = tl.math.div_rn(tl.full(amax_safe.shape, 1.0, tl.float32), amax_safe) * 127.0
-    scale = tl.math.div_rn(amax_safe, 127.0)
-    scale = tl.where(amax_tok < 0x7F800000, scale, float("nan"))
+    inv, scale = int8_row_scale(amax_tok)
     tl.store(scale_ptr + orow_tok, scale, mask=tok_ok)
     q = rne_int(r * _tok_expand(inv, TOK, G)[:, None])
     q = tl.minimum(tl.maximum(q, -127.0), 127.0)
