@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import __main__ as cli
-from benchmarks import attention_accuracy, common, memory, mode_flip, quality, speed, weights
+from benchmarks import attention_accuracy, common, memory, mode_flip, paired, quality, speed, weights
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,47 @@ def test_quality_counts_videos_whose_judge_reading_flips():
     assert quality._judge_reading(SimpleNamespace(objects=[{"found": None}], detected_background=())) != ref
     assert quality._changed([{"judge_changed": 1.0}, {"judge_changed": 0.0}, {"judge_changed": 0.0}]) == "1 / 3"
     assert quality._changed([{"psnr": float("inf")}]) == "—"
+
+
+def test_paired_separates_judged_flips_from_the_numerics(tmp_path):
+    """Flips counted per side (the first file's video wins on a repeated key), McNemar exact p-values, the
+    paired PSNR difference only over the videos flipped in neither; other generation settings refused."""
+    assert paired.mcnemar_p(0, 0) == 1.0 == paired.mcnemar_p(3, 3)
+    assert paired.mcnemar_p(0, 5) == pytest.approx(2 / 32) == paired.mcnemar_p(5, 0)
+    assert paired.mcnemar_p(1, 4) == pytest.approx(2 * 6 / 32)
+
+    def rec(prompt, seed, psnr, flip, adh=100.0):
+        return {"prompt": prompt, "seed": seed, "psnr": psnr, "adherence": adh, "judge_changed": float(flip)}
+
+    gen = {"num_inference_steps": 20}
+    a = {"generation": gen, "environment": {"command": "a"}, "runs": {
+        "fp16": [rec("p", s, float("inf"), 0) for s in range(4)],
+        "full": [rec("p", 0, 30.0, 0), rec("p", 1, 31.0, 0), rec("p", 2, 15.0, 1, 50.0), rec("p", 3, 16.0, 1, 50.0)],
+        "x": [rec("p", 0, 30.5, 0), rec("p", 1, 30.0, 0), rec("p", 2, 32.0, 0), rec("p", 3, 17.0, 1, 50.0)]}}
+    b = {"generation": gen, "environment": {"command": "b"}, "runs": {
+        "full": [rec("p", 4, 40.0, 0), rec("p", 0, 99.0, 0)],  # seed 0 again: the first file's record stays
+        "x": [rec("p", 4, 20.0, 1, 0.0), rec("p", 0, 99.0, 0)]}}
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    runs, envs = paired.load_runs([pa, pb])
+    assert [e["command"] for e in envs] == ["a", "b"] and runs["full"][("p", 0)]["psnr"] == 30.0
+    r = paired.compare(runs["full"], runs["x"])
+    assert r["videos"] == 5 and (r["flips_base"], r["flips_row"]) == (2, 2)
+    assert r["flips_base_only"] == [("p", 2)] and r["flips_row_only"] == [("p", 4)] and r["flips_both"] == [("p", 3)]
+    assert r["mcnemar_p"] == 1.0 and r["unflipped"] == 2
+    assert r["psnr_diff_unflipped"] == pytest.approx(-0.25) and r["psnr_diff_unflipped_se"] == pytest.approx(0.75)
+    assert r["adherence_base"] == pytest.approx(80.0) and r["adherence_row"] == pytest.approx(70.0)
+    assert paired.main([str(pa), str(pb), "--base", "full", "--out", str(tmp_path), "--name", "pr"]) == 0
+    md = (tmp_path / "pr.md").read_text()
+    assert "| 5 | 1 / 1 / 1 | 1.00 | -0.250 ± 0.750 dB (2) |" in md and "p (seed 4)" in md
+    assert json.loads((tmp_path / "pr.json").read_text())["rows"]["x"]["flips_row_only"] == [["p", 4]]
+    b["generation"] = {"num_inference_steps": 50}
+    pb.write_text(json.dumps(b))
+    with pytest.raises(SystemExit, match="other settings"):
+        paired.load_runs([pa, pb])
+    with pytest.raises(SystemExit, match="no row 'y'"):
+        paired.main([str(pa), "--rows", "y"])
 
 
 def test_attention_accuracy_study_writes_every_row(out):
