@@ -39,6 +39,9 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  "full_w8a8": ("full", dict(int8_route="w8a8")),
                  # INT8 decisions on the int8 tensor cores from the resident NVFP4 weight, re-quantized per call
                  "full_requant": ("full", dict(int8_route="w4a8_requant")),
+                 # ... and its NVFP4 decisions on the same route where there are no FP4 tensor cores: every
+                 # quantized GEMM on the int8 tensor cores, 4-bit weights only
+                 "full_requant_auto": ("full", dict(int8_route="w4a8_requant", nvfp4_route="auto")),
                  # the method presets route attention by the policy (8-bit where predicted error ≤ τ_attn);
                  # these rows are the same configurations with bf16 attention, for the comparison
                  "full_bf16attn": ("full", dict(attention="bf16")),
@@ -83,6 +86,9 @@ LABELS = {
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies) + 8-bit attention by policy",
     "full_requant": "full 6Bit · INT8 decisions on the int8 tensor cores, NVFP4 weights re-quantized per call "
                     "(int8_route=\"w4a8_requant\") + 8-bit attention by policy",
+    "full_requant_auto": "full 6Bit · INT8 and (without FP4 tensor cores) NVFP4 decisions on the int8 tensor "
+                         "cores, NVFP4 weights re-quantized per call (int8_route=\"w4a8_requant\", "
+                         "nvfp4_route=\"auto\") + 8-bit attention by policy",
     "full_attn_as_policy": "full 6Bit · after-skip attention by the policy on the stale Γ",
     "full_attn_as_policy_t50": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 50 %",
     "full_attn_as_policy_t90": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 90 %",

@@ -24,7 +24,8 @@ def _linear_at(run, M, model, layer, K, N, rep, hb, rows):
     flops = 2.0 * M * N * K
     rows.append({"model": model, "layer": layer, "K": K, "N": N, "route": "bf16 cuBLAS", "ms": t_ref,
                  "TFLOPs": flops / (t_ref * 1e-3) / 1e12, "speed_vs_bf16": 1.0})
-    variants = [(r, True) for r in ("w8a8", "nvfp4", "int8", "w4a16")] + [("nvfp4", False), ("int8", False)]
+    variants = ([(r, True) for r in ("w8a8", "nvfp4", "int8", "w4a8_requant", "w4a16")]
+                + [("nvfp4", False), ("int8", False)])
     for route, dense in variants:
         label = route + ("" if dense or route in ("w8a8", "w4a16") else " (packed A: 4-bit/int8 decoded in-kernel)")
         opts = ops.KernelOptions(dense_activations=dense, target=run.target)

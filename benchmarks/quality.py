@@ -51,8 +51,9 @@ STORE_CONFIGS = ("tdc_only_blocks", "full_blocks")
 REGATE_CONFIGS = ("tdc_only_noregate", "full_noregate", "fast_noregate")
 #: opt-in row: the full method with step 0 at INT8, no full-precision warm-up steps (the paper's rule)
 WARMUP_CONFIGS = ("full_nowarmup",)
-#: opt-in row: INT8 decisions on the int8 tensor cores from the 4-bit weights, re-quantized per call (session 33)
-ROUTE_CONFIGS = ("full_requant",)
+#: opt-in rows: INT8 decisions on the int8 tensor cores from the 4-bit weights, re-quantized per call (session 33);
+#: with the NVFP4 decisions there too where the device has no FP4 tensor cores (nvfp4_route="auto", session 34)
+ROUTE_CONFIGS = ("full_requant", "full_requant_auto")
 ROW_CHOICES = (QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS + REGATE_CONFIGS + WARMUP_CONFIGS
                + ROUTE_CONFIGS)
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR

@@ -58,7 +58,10 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
                  # the block's delta instead of its gated pieces (tdc_regate="off"; the defaults regate below 40 steps)
                  "tdc_only_noregate", "full_noregate", "fast_noregate",
                  # the full method without its two full-precision warm-up steps (warmup_steps=0)
-                 "full_nowarmup")
+                 "full_nowarmup",
+                 # the INT8 decisions (and, with nvfp4_route="auto", the NVFP4 ones) on the int8 tensor cores from
+                 # the resident 4-bit weights, re-quantized per call (int8_route="w4a8_requant")
+                 "full_requant", "full_requant_auto")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
 #: (``sixbit.attention``, what ``fast_qk_norm`` installs), so a table can separate the method's speed-up
 #: from that engineering's

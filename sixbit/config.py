@@ -65,7 +65,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixbit.routes import FP16, INT8, INT8_ROUTES, NVFP4, STATIC, W8A8
+from sixbit.routes import FP16, INT8, INT8_ROUTE_CHOICES, NVFP4, STATIC, W8A8
 
 __all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
 
@@ -102,17 +102,19 @@ class SixBitConfig:
         "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
         "also keeps an 8-bit copy of every weight resident); 'w4a8_requant' = W4A8 on the int8 tensor cores: "
         "the 4-bit weights stay the only ones resident and are re-quantized to per-channel INT8 for each "
-        "call (one more rounding of the weight, at most 1/254 of its row's largest magnitude).",
-        choices=INT8_ROUTES,
+        "call (one more rounding of the weight, at most 1/254 of its row's largest magnitude); 'auto' = "
+        "'w4a8_requant' on a GPU where sixbit's kernels run (CUDA capability ≥ 8.0, backend not 'torch'), "
+        "'int8' on the CPU and the torch reference — resolved on the device the transformer is on at apply().",
+        choices=INT8_ROUTE_CHOICES,
         label="INT8 route",
     )
     nvfp4_route: str = _f(
         "nvfp4",
         "What an NVFP4 decision runs: 'nvfp4' = NVFP4 × NVFP4 (W4A4, the paper's 4-bit route); 'int8' = "
         "the INT8 route instead (int8_route says which); 'auto' = 'int8' where it is the faster and more "
-        "accurate of the two — int8_route='w8a8' on a device without FP4 tensor cores (Hopper, Ada, Ampere, "
-        "the CPU), where W4A4 runs at 16-bit rate behind a slower quantize pass and the INT8 weights are "
-        "resident anyway — else 'nvfp4'. The trace records what ran (its 'nvfp4_as_int8' count per block).",
+        "accurate of the two — int8_route 'w8a8' or 'w4a8_requant' (the int8 tensor cores) on a device without "
+        "FP4 tensor cores (Hopper, Ada, Ampere, the CPU), where W4A4 runs at 16-bit rate behind a slower "
+        "quantize pass — else 'nvfp4'. The trace records what ran (its 'nvfp4_as_int8' count per block).",
         choices=(NVFP4, INT8, "auto"),
         label="NVFP4 route",
     )

@@ -204,13 +204,20 @@ def weight_format(cfg) -> str | None:
     return None
 
 
-def _route_cost(costs: ClassCosts, trace_route: str, cfg) -> float | None:
-    """The unit cost of a trace route (``nvfp4`` / ``int8`` / ``fp16``) under ``cfg``; None if not measured."""
+def _int8_route(cls: str, cfg) -> str:
+    """``cfg.int8_route`` as it runs on device class ``cls`` (``routes.int8_route_for``: sixbit's GPU kernels run
+    from capability 8.0 unless the backend is ``"torch"``)."""
+    kernels = cls.startswith("sm_") and cls != "sm_<80" and cfg.backend != "torch"
+    return _routes.int8_route_for(cfg.int8_route, kernels)
+
+
+def _route_cost(costs: ClassCosts, trace_route: str, cfg, cls: str) -> float | None:
+    """The unit cost of a trace route (``nvfp4`` / ``int8`` / ``fp16``) under ``cfg`` on device class ``cls``;
+    None if not measured."""
     if trace_route == "fp16":
         key = "bf16" if cfg.quant == "off" or cfg.fp_weights == "device" else "w4a16"
-    elif trace_route == "int8":
-        # the INT8 route that ran; w4a8_requant has no measured unit cost yet (None: not estimated)
-        key = "w8a8" if cfg.quant == "w8a8" else cfg.int8_route if cfg.quant == "dmpq" else "int8"
+    elif trace_route == "int8":  # the INT8 route that ran
+        key = "w8a8" if cfg.quant == "w8a8" else _int8_route(cls, cfg) if cfg.quant == "dmpq" else "int8"
     else:
         key = trace_route
     return costs.route.get(key)
@@ -226,7 +233,7 @@ def run_estimate(cls: str, cfg, route_counts: dict[str, int], skip_fraction: flo
     total = sum(computed.values())
     mix = 0.0
     for r, n in computed.items():
-        c = _route_cost(costs, r, cfg)
+        c = _route_cost(costs, r, cfg, cls)
         if c is None:
             return None
         mix += n / total * c
@@ -254,7 +261,7 @@ class Effect:
 
 def _bounds(cls: str, cfg, skip: float) -> tuple[float, float] | None:
     routes = {"w8a8": ["int8"], "w4a4": ["nvfp4"], "w4a8": ["int8"], "off": ["fp16"]}.get(cfg.quant, ["nvfp4", "int8"])
-    if cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, cfg.int8_route, fp4_tensor_cores(cls)):
+    if cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, _int8_route(cls, cfg), fp4_tensor_cores(cls)):
         routes = ["int8"]  # NVFP4 decisions run the INT8 route on this class
     vals = [run_estimate(cls, cfg, {r: 1}, skip) for r in routes]
     if any(v is None for v in vals):

@@ -53,6 +53,7 @@ from sixbit.hooks import (
 )
 from sixbit.linear import (
     SixBitLinear,
+    int8_route_on,
     nvfp4_packable,
     ops,
     param_bytes,
@@ -158,7 +159,11 @@ def _swap(transformer: nn.Module, blocks, adapter: Adapter, cfg: SixBitConfig, n
     modules: list[SixBitLinear] = []
     originals: dict = {}
     if cfg.quantized:
-        int8_route = INT8 if cfg.quant == "w4a8" else cfg.int8_route
+        try:  # "auto": the route of the device the transformer is on now (routes.int8_route_for)
+            device = next(p.device for p in transformer.parameters())
+        except StopIteration:
+            device = torch.device("cpu")
+        int8_route = INT8 if cfg.quant == "w4a8" else int8_route_on(cfg.int8_route, device, cfg.backend)
         new, originals = swap_linears(
             transformer, names, formats_=cfg.weight_formats, hadamard_block=cfg.hadamard_block,
             fp_weights=cfg.fp_weights, int8_route=int8_route, backend=cfg.backend,

@@ -51,7 +51,7 @@ import torch
 from diffusers.hooks.hooks import BaseState, CacheContext, ModelHook, StateManager
 
 from sixbit import attention, dmpq, pdr, tdc
-from sixbit.linear import ops
+from sixbit.linear import int8_route_on, ops
 from sixbit.routes import SKIPPED, display, nvfp4_as_int8
 
 if TYPE_CHECKING:
@@ -152,10 +152,11 @@ _NATIVE_FP4: dict[torch.device, bool] = {}
 
 
 def _nvfp4_as_int8(cfg, device: torch.device) -> bool:
-    """``routes.nvfp4_as_int8`` for a block running on ``device`` (its FP4 capability read once)."""
+    """``routes.nvfp4_as_int8`` for a block running on ``device`` (its FP4 capability read once; ``int8_route``
+    as it runs there, ``linear.int8_route_on``)."""
     if device not in _NATIVE_FP4:
         _NATIVE_FP4[device] = ops().native_fp4(device)
-    return nvfp4_as_int8(cfg.nvfp4_route, cfg.int8_route, _NATIVE_FP4[device])
+    return nvfp4_as_int8(cfg.nvfp4_route, int8_route_on(cfg.int8_route, device, cfg.backend), _NATIVE_FP4[device])
 
 
 @dataclass(frozen=True)

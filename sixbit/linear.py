@@ -179,6 +179,14 @@ class SixBitLinear(nn.Module):
 # ---------------------------------------------------------------------------------------- swapping
 
 
+def int8_route_on(int8_route: str, device, backend: str = "auto") -> str:
+    """``SixBitConfig.int8_route`` as it runs on ``device`` with ``backend`` (``routes.int8_route_for``: ``"auto"``
+    is ``w4a8_requant`` where sixbit's GPU kernels run and the backend is not ``"torch"``, else ``int8``)."""
+    if int8_route != routes.AUTO:
+        return int8_route
+    return routes.int8_route_for(int8_route, backend != "torch" and ops().int8_tensor_cores(device))
+
+
 def _get_parent(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     parent_name, _, child = name.rpartition(".")
     return (root.get_submodule(parent_name) if parent_name else root), child

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["Route", "TABLE", "ROUTES", "NVFP4", "INT8", "W8A8", "W4A8_REQUANT", "INT8_ROUTES", "W4A16", "FP16",
-           "SKIPPED", "KERNEL_ROUTES",
+           "SKIPPED", "KERNEL_ROUTES", "AUTO", "INT8_ROUTE_CHOICES", "int8_route_for",
            "WEIGHT_FORMAT", "DISPLAY_ROUTES", "TRACE_ROUTES", "BITS", "LETTERS", "FROM_LETTER", "STATIC",
            "display", "resolve", "nvfp4_as_int8"]
 
@@ -81,6 +81,9 @@ FROM_LETTER = {v: k for k, v in LETTERS.items()}
 #: the routes whose activations are per-token INT8 (the one operand a fused producer can emit), and what an
 #: INT8 decision can run (``SixBitConfig.int8_route``)
 INT8_ROUTES = (INT8, W8A8, W4A8_REQUANT)
+#: ``SixBitConfig.int8_route``'s device-dependent choice (:func:`int8_route_for`)
+AUTO = "auto"
+INT8_ROUTE_CHOICES = (*INT8_ROUTES, AUTO)
 #: the static baselines: quantization mode (``SixBitConfig.quant``) → the one route of every layer
 STATIC = {"w4a4": NVFP4, "w4a8": INT8, "w8a8": W8A8}
 
@@ -100,10 +103,22 @@ def resolve(route: str, *, has_fp_weights: bool, int8_route: str = INT8) -> str:
     return route
 
 
+def int8_route_for(int8_route: str, kernels: bool) -> str:
+    """The INT8 route ``int8_route`` names on a device: ``"auto"`` is ``w4a8_requant`` where sixbit's GPU kernels
+    run (``kernels``: a CUDA device of capability ≥ 8.0 and a backend that is not ``"torch"`` — int8 tensor cores,
+    on which the re-quantized weight multiplies at twice the 16-bit rate) and ``int8`` elsewhere (the CPU and the
+    torch reference, where W4A8 costs the same and needs no second rounding of the weight); any other name is
+    itself."""
+    if int8_route == AUTO:
+        return W4A8_REQUANT if kernels else INT8
+    return int8_route
+
+
 def nvfp4_as_int8(nvfp4_route: str, int8_route: str, native_fp4: bool) -> bool:
     """Whether an NVFP4 decision runs the INT8 route (``SixBitConfig.nvfp4_route``): ``"int8"`` always;
-    ``"auto"`` when INT8 decisions run ``w8a8`` (INT8 weights resident) on a device without FP4 tensor cores,
-    where W4A4 is a 16-bit-rate GEMM behind a slower quantize pass than INT8's — for more error."""
+    ``"auto"`` when INT8 decisions run on the int8 tensor cores (``w8a8``, or ``w4a8_requant`` from the resident
+    4-bit weights) on a device without FP4 tensor cores, where W4A4 is a 16-bit-rate GEMM behind a slower quantize
+    pass than INT8's — for more error."""
     if nvfp4_route == "auto":
-        return int8_route == W8A8 and not native_fp4
+        return int8_route in (W8A8, W4A8_REQUANT) and not native_fp4
     return nvfp4_route == INT8

@@ -100,6 +100,7 @@ except ImportError as _e:  # pragma: no cover - triton ships with Linux torch
 __all__ = [
     "PackedLinear",
     "native_fp4",
+    "int8_tensor_cores",
     "ActCache",
     "layer_norm_rows",
     "layer_norm_supported",
@@ -267,6 +268,13 @@ def native_fp4(device) -> bool:
     """Whether ``device`` multiplies NVFP4 × NVFP4 on FP4 tensor cores (capability ≥ 10: unverified);
     everywhere else the ``nvfp4`` route runs at 16-bit rate (``gemm_w4``) or in the torch reference."""
     return _native_fp4(torch.device(device))
+
+
+def int8_tensor_cores(device) -> bool:
+    """Whether sixbit's GPU kernels run on ``device`` (CUDA, capability ≥ 8.0): there the INT8 routes multiply on
+    the int8 tensor cores (``routes.int8_route_for``: ``int8_route="auto"``)."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and _kernel_target(dev) is not None
 
 
 def compute_path(device) -> str:

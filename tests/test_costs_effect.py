@@ -123,6 +123,17 @@ def test_device_class(device, cap, name, cls):
     assert costs.fp4_tensor_cores(cls) == (cls in ("sm_100", "sm_120"))
 
 
+def test_int8_route_auto_is_costed_as_the_route_it_runs_on_each_class():
+    """int8_route="auto" is W4A8 (``int8``) on the CPU class and the re-quantized route where the GPU kernels run
+    (the backend "torch" keeps W4A8 there too)."""
+    auto = SixBitConfig.preset("balanced", int8_route="auto")
+    for cls, cfg in (("cpu", auto), ("sm_90", auto.replace(backend="torch"))):
+        assert costs.expected_effect(auto if cls == "cpu" else cfg, cls, TWO_B) == costs.expected_effect(
+            SixBitConfig.preset("balanced", backend=cfg.backend), cls, TWO_B)
+    assert costs.expected_effect(auto, "sm_90", TWO_B) == costs.expected_effect(
+        SixBitConfig.preset("balanced", int8_route="w4a8_requant"), "sm_90", TWO_B)
+
+
 def test_requantized_int8_route_has_no_invented_speed_but_the_4bit_memory():
     """``int8_route="w4a8_requant"`` has no measured unit cost in the model (its GEMM was timed on an H100 only, in a
     probe, not in the runs the model is fitted to): no speed-up is shown, while the weights are the 4-bit ones."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sixbit
-from sixbit import SixBitConfig, formats
+from sixbit import SixBitConfig, formats, hooks
 from sixbit.linear import SixBitLinear
 from sixbit.testing import generate, save_and_reload, tiny_cogvideox_pipeline
 
@@ -174,6 +174,32 @@ def test_int8_decisions_run_requantized_with_only_4bit_weights_resident(pipe):
         assert ran <= {"nvfp4", int8_route} and int8_route in ran
     a, b = (torch.as_tensor(outs[r]).float() for r in ("int8", "w4a8_requant"))
     assert not torch.equal(a, b) and float(formats.relative_error(b, a)) < 0.05
+
+
+def test_int8_route_auto_resolves_on_the_transformers_device(pipe, monkeypatch):
+    """int8_route="auto": W4A8 (``int8``) on the CPU; where sixbit's GPU kernels run (faked here), the
+    re-quantized route — and with nvfp4_route="auto" the NVFP4 decisions run it too; backend="torch" keeps int8."""
+    from sixbit.linear import ops
+
+    cfg = SixBitConfig.preset("dmpq_only", policy=None, tau=0.047, warmup_steps=0, int8_route="auto",
+                              nvfp4_route="auto")
+    handle = sixbit.apply(pipe, cfg)
+    assert {m.int8_route for m in handle.modules} == {"int8"}
+    generate(pipe)
+    assert handle.trace.summary()["nvfp4_as_int8"] == 0
+    handle.remove()
+    monkeypatch.setattr(ops(), "int8_tensor_cores", lambda device: True)
+    monkeypatch.setattr(hooks, "_NATIVE_FP4", {})
+    handle = sixbit.apply(pipe, cfg)
+    assert {m.int8_route for m in handle.modules} == {"w4a8_requant"}
+    assert all(m.packed.formats == ("nvfp4",) for m in handle.modules)
+    generate(pipe)
+    summary = handle.trace.summary()
+    handle.remove()
+    assert summary["nvfp4_as_int8"] > 0 and summary["route_counts"]["nvfp4"] == 0
+    handle = sixbit.apply(pipe, cfg.replace(backend="torch"))
+    assert {m.int8_route for m in handle.modules} == {"int8"}
+    handle.remove()
 
 
 def test_fused_qkv_is_quantized_after_fusing_and_refused_after_apply(pipe):

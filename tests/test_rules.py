@@ -66,6 +66,11 @@ def test_nvfp4_decisions_run_int8_only_where_the_config_and_device_say():
     assert rule(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=False)
     assert not rule(cfg(nvfp4_route="auto", int8_route="w8a8"), native_fp4=True)
     assert not rule(cfg(nvfp4_route="auto", int8_route="int8"), native_fp4=False)
+    assert rule(cfg(nvfp4_route="auto", int8_route="w4a8_requant"), native_fp4=False)
+    assert [routes.int8_route_for("auto", k) for k in (True, False)] == ["w4a8_requant", "int8"]
+    assert all(routes.int8_route_for(r, k) == r for r in routes.INT8_ROUTES for k in (True, False))
+    assert cfg(int8_route="auto").weight_formats == ("nvfp4",)
+    assert not rule(cfg(nvfp4_route="auto", int8_route="w4a8_requant"), native_fp4=True)
     with pytest.raises(ConfigError, match="nvfp4_route"):
         cfg(nvfp4_route="w8a8")
     # the DMPQ rule and a replayed schedule's NVFP4 cells run INT8, counted; the prediction is kept
