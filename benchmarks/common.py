@@ -42,6 +42,9 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  # ... and its NVFP4 decisions on the same route where there are no FP4 tensor cores: every
                  # quantized GEMM on the int8 tensor cores, 4-bit weights only
                  "full_requant_auto": ("full", dict(int8_route="w4a8_requant", nvfp4_route="auto")),
+                 # the paper's routes on every device: W4A4 / W4A8 (at 16-bit rate on Hopper) — the default routes
+                 # until session 34 (since then "auto": the two rows above on a GPU, this one on the CPU)
+                 "full_w4a8": ("full", dict(int8_route="int8", nvfp4_route="nvfp4")),
                  # the method presets route attention by the policy (8-bit where predicted error ≤ τ_attn);
                  # these rows are the same configurations with bf16 attention, for the comparison
                  "full_bf16attn": ("full", dict(attention="bf16")),
@@ -86,6 +89,8 @@ LABELS = {
     "full_w8a8": "full 6Bit · INT8 decisions on W8A8 (int8 tensor cores; INT8 weight copies) + 8-bit attention by policy",
     "full_requant": "full 6Bit · INT8 decisions on the int8 tensor cores, NVFP4 weights re-quantized per call "
                     "(int8_route=\"w4a8_requant\") + 8-bit attention by policy",
+    "full_w4a8": "full 6Bit · the paper's routes W4A4 / W4A8 (int8_route=\"int8\", nvfp4_route=\"nvfp4\"; the "
+                 "default until session 34) + 8-bit attention by policy",
     "full_requant_auto": "full 6Bit · INT8 and (without FP4 tensor cores) NVFP4 decisions on the int8 tensor "
                          "cores, NVFP4 weights re-quantized per call (int8_route=\"w4a8_requant\", "
                          "nvfp4_route=\"auto\") + 8-bit attention by policy",

@@ -15,7 +15,9 @@ dmpq_only       dmpq         no     no     mixed precision, every block computed
 tdc_only        off          yes    no     delta caching on the full-precision model
 dmpq_tdc        dmpq         yes    no     both, without the purified refresh
 tdc_paper       off          yes    no     the paper's per-block TDC (tdc_mode=block, reuse=last): ablation
-full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC and no warm-up steps
+full_paper      dmpq         yes    yes    the full method with the paper's per-block TDC, no warm-up steps
+                                           and the paper's routes everywhere (W4A4 / W4A8: nvfp4_route="nvfp4",
+                                           int8_route="int8")
 fast            dmpq         yes    yes    full on Hopper's int8 tensor cores (int8_route="w8a8"; without FP4
                                            tensor cores its NVFP4 decisions run INT8 too: nvfp4_route="auto")
                                            with 8-bit attention after skips (attention_after_skip="policy")
@@ -43,15 +45,17 @@ TDC alone), below 40 steps the last delta with its size extrapolated (``"magnitu
 are starting points for other models, not calibrated
 values (``tdc_threshold_rule="profile"`` reads per-step weights calibrated into the policy).
 
-What ``balanced`` optimises depends on the hardware. With FP4 tensor cores (capability ≥ 10, Blackwell) its
-NVFP4 layers can be a speed win (that path is unverified). Below capability 10 (Hopper, Ada, Ampere) and on
-the CPU it optimises **memory**: 4-bit weights (CogVideoX-2B's transformer 2.29× smaller), NVFP4 layers
-decoded and multiplied at 16-bit rate — slower per call than bf16 on the H200 — and its speed comes from
-skipped blocks. The speed alternative there: ``int8_route="w8a8"`` (INT8 decisions on the int8 tensor
-cores, 8-bit weight copies kept; the ``fast`` preset also runs the NVFP4 decisions as INT8 there,
-``nvfp4_route="auto"``, since W4A4 has no speed to offer without FP4 tensor cores) or ``quant="w8a8"``
-with TDC (static W8A8 + TDC). ``sixbit.costs.expected_effect`` gives the numbers per device class; the app shows
-them before a run.
+What ``balanced`` runs depends on the hardware; the weights are 4-bit everywhere (CogVideoX-2B's transformer
+2.29× smaller). The routes default to ``"auto"`` (session 34): on a GPU where sixbit's kernels run (CUDA capability
+≥ 8.0) every INT8 decision runs on the int8 tensor cores from the 4-bit weight re-quantized per call
+(``int8_route`` → ``w4a8_requant``), and below capability 10 (Hopper, Ada, Ampere: no FP4 tensor cores, where W4A4
+would decode and multiply at 16-bit rate) so does every NVFP4 decision (``nvfp4_route``); with FP4 tensor cores
+(capability ≥ 10, Blackwell) the NVFP4 decisions stay W4A4 (that path is unverified). On the CPU (and with
+``backend="torch"``) both resolve to the paper's routes, W4A4 / W4A8 — the same cost there, one rounding fewer.
+``full_paper`` pins the paper's routes everywhere. The faster alternative on Hopper: ``fast`` (INT8 weight copies,
+``int8_route="w8a8"``: no re-quantize pass, 1.20× smaller weights instead of 2.29×) or ``quant="w8a8"`` with TDC
+(static W8A8 + TDC). ``sixbit.costs.expected_effect`` gives the numbers per device class; the app shows them before
+a run.
 
 Thresholds without a policy: DMPQ needs a calibrated policy (``python -m sixbit.calibrate``); without
 one every linear uses E = Γ (α = 1, β = 0) and ``tau`` (default :data:`UNCALIBRATED_TAU`), which the
@@ -65,7 +69,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sixbit.routes import FP16, INT8, INT8_ROUTE_CHOICES, NVFP4, STATIC, W8A8
+from sixbit.routes import AUTO, FP16, INT8, INT8_ROUTE_CHOICES, NVFP4, STATIC, W8A8
 
 __all__ = ["SixBitConfig", "PRESETS", "UNCALIBRATED_TAU", "ConfigError"]
 
@@ -97,24 +101,27 @@ class SixBitConfig:
         label="Quantization",
     )
     int8_route: str = _f(
-        INT8,
+        AUTO,
         "What an INT8 decision runs: 'int8' = NVFP4 weights × INT8 activations (the paper's W4A8, "
         "weights stay 4-bit); 'w8a8' = INT8 weights × INT8 activations (int8 tensor cores on Hopper; "
         "also keeps an 8-bit copy of every weight resident); 'w4a8_requant' = W4A8 on the int8 tensor cores: "
         "the 4-bit weights stay the only ones resident and are re-quantized to per-channel INT8 for each "
         "call (one more rounding of the weight, at most 1/254 of its row's largest magnitude); 'auto' = "
         "'w4a8_requant' on a GPU where sixbit's kernels run (CUDA capability ≥ 8.0, backend not 'torch'), "
-        "'int8' on the CPU and the torch reference — resolved on the device the transformer is on at apply().",
+        "'int8' on the CPU and the torch reference — resolved on the device the transformer is on at apply() "
+        "(the default since session 34: on sixbit-mini as accurate as 'int8', docs/ENGINE.md).",
         choices=INT8_ROUTE_CHOICES,
         label="INT8 route",
     )
     nvfp4_route: str = _f(
-        "nvfp4",
+        "auto",
         "What an NVFP4 decision runs: 'nvfp4' = NVFP4 × NVFP4 (W4A4, the paper's 4-bit route); 'int8' = "
         "the INT8 route instead (int8_route says which); 'auto' = 'int8' where it is the faster and more "
         "accurate of the two — int8_route 'w8a8' or 'w4a8_requant' (the int8 tensor cores) on a device without "
         "FP4 tensor cores (Hopper, Ada, Ampere, the CPU), where W4A4 runs at 16-bit rate behind a slower "
-        "quantize pass — else 'nvfp4'. The trace records what ran (its 'nvfp4_as_int8' count per block).",
+        "quantize pass — else 'nvfp4' (the default since session 34; with int8_route='auto' that is: INT8 on a "
+        "GPU below capability 10, the paper's W4A4 on the CPU and on Blackwell). The trace records what ran (its "
+        "'nvfp4_as_int8' count per block).",
         choices=(NVFP4, INT8, "auto"),
         label="NVFP4 route",
     )
@@ -520,7 +527,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dmpq_only": dict(tdc=False, pdr=False),
     "tdc_only": dict(quant="off", pdr=False, attention="bf16"),
     "tdc_paper": dict(quant="off", pdr=False, tdc_mode="block", tdc_reuse="last", attention="bf16"),
-    "full_paper": dict(tdc_mode="block", tdc_reuse="last", warmup_steps=0),
+    "full_paper": dict(tdc_mode="block", tdc_reuse="last", warmup_steps=0, int8_route=INT8, nvfp4_route=NVFP4),
     "dmpq_tdc": dict(pdr=False),
     "fast": dict(int8_route=W8A8, nvfp4_route="auto", attention_after_skip="policy"),
     # attention scope: from 40 steps the first-order forecast, the probe compared with it at 0.05·20/N (measured

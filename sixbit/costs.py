@@ -59,7 +59,7 @@ from sixbit import routes as _routes
 
 __all__ = ["TransformerShape", "COGVIDEOX_5B", "step_flops", "step_seconds", "relative_rate", "H200_EFFECTIVE_TFLOPS",
            "RELATIVE_RATE", "ClassCosts", "UNIT_COSTS", "WEIGHT_RATIOS", "device_class", "Effect", "expected_effect",
-           "run_estimate", "weight_format", "fp4_tensor_cores", "NAME_CAPABILITY"]
+           "run_estimate", "weight_format", "fp4_tensor_cores", "NAME_CAPABILITY", "int8_tensor_core_routes"]
 
 #: effective bf16 rate of a whole CogVideoX transformer step on the H200 (measured; see the docstring)
 H200_EFFECTIVE_TFLOPS = 373.0
@@ -209,6 +209,17 @@ def _int8_route(cls: str, cfg) -> str:
     from capability 8.0 unless the backend is ``"torch"``)."""
     kernels = cls.startswith("sm_") and cls != "sm_<80" and cfg.backend != "torch"
     return _routes.int8_route_for(cfg.int8_route, kernels)
+
+
+def int8_tensor_core_routes(cfg, cls: str) -> bool:
+    """Whether every quantized decision of ``cfg`` runs on the int8 tensor cores on device class ``cls``: DMPQ with
+    its INT8 decisions on ``w8a8`` or ``w4a8_requant`` there and its NVFP4 decisions on the INT8 route
+    (``routes.nvfp4_as_int8``)."""
+    if cfg.quant != "dmpq":
+        return False
+    int8 = _int8_route(cls, cfg)
+    return int8 in (_routes.W8A8, _routes.W4A8_REQUANT) and _routes.nvfp4_as_int8(cfg.nvfp4_route, int8,
+                                                                                  fp4_tensor_cores(cls))
 
 
 def _route_cost(costs: ClassCosts, trace_route: str, cfg, cls: str) -> float | None:

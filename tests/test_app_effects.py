@@ -52,9 +52,17 @@ def test_the_page_states_the_expected_effect_before_and_the_measured_one_after(s
 
 
 def test_hopper_text_says_memory_and_offers_the_speed_alternative_with_numbers():
-    text = effects.expected_markdown(SixBitConfig.preset("balanced"), "sm_90", TWO_B, "Balanced")
+    """The paper's routes optimise memory on Hopper (and the text names the speed alternatives); the default routes
+    ("auto") and ``fast`` say every quantized layer runs on the int8 tensor cores, and from which weights."""
+    paper = SixBitConfig.preset("balanced", int8_route="int8", nvfp4_route="nvfp4")
+    text = effects.expected_markdown(paper, "sm_90", TWO_B, "Balanced")
     assert "Hopper (sm_90)" in text and "2.29× smaller" in text
-    assert "optimises **memory (4-bit weights)**" in text and "INT8 route = w8a8" in text
+    assert "optimises **memory (4-bit weights)**" in text and "INT8 route = auto" in text
+    default = effects.expected_markdown(SixBitConfig.preset("balanced"), "sm_90", TWO_B)
+    assert "every quantized layer" in default and "4-bit weight, re-quantized" in default
+    assert "2.29× smaller" in default and "optimises **memory" not in default
+    fast = effects.expected_markdown(SixBitConfig.preset("fast"), "sm_90", TWO_B)
+    assert "every quantized layer" in fast and "INT8 weight copy" in fast and "1.21× smaller" in fast
     assert "1.07×–1.11× with every block computed" in text  # traceable: tests/test_costs_effect.py
     fast = effects.expected_markdown(SixBitConfig.preset("balanced", quant="w8a8"), "sm_90", TWO_B)
     assert "1.22× with every block computed" in fast and "1.64× smaller" in fast

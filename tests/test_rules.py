@@ -360,7 +360,8 @@ def test_attention_config_fields_are_validated_and_the_presets_choose():
         assert SixBitConfig.preset(name).attention == "policy", name
     fast = SixBitConfig.preset("fast")
     assert (fast.attention_after_skip, fast.int8_route, fast.nvfp4_route) == ("policy", "w8a8", "auto")
-    assert SixBitConfig.preset("full").nvfp4_route == "nvfp4"
+    assert (SixBitConfig.preset("full").nvfp4_route, SixBitConfig.preset("full").int8_route) == ("auto", "auto")
+    assert (SixBitConfig.preset("full_paper").nvfp4_route, SixBitConfig.preset("full_paper").int8_route) == ("nvfp4", "int8")
     assert SixBitConfig.preset("full").attention_after_skip == "bf16"
     for name in ("off", "fp16", "w8a8", "w4a4", "w4a8", "tdc_only", "tdc_paper"):
         assert SixBitConfig.preset(name).attention == "bf16", name

@@ -15,9 +15,9 @@ CLASS_NAMES = {"cpu": "this CPU", "sm_90": "Hopper (sm_90)", "sm_80-89": "Ampere
                "sm_100": "Blackwell (sm_100)", "sm_120": "Blackwell (sm_120)", "sm_<80": "a GPU below sm_80",
                "cuda": "this GPU (capability unknown)"}
 
-SPEED_ALTERNATIVE = ("For speed instead: Advanced → **INT8 route = w8a8** (INT8 decisions on W8A8: int8 tensor "
-                     "cores, plus an 8-bit copy of each weight), **INT8 route = w4a8_requant** (the same tensor cores "
-                     "from the 4-bit weights alone, re-quantized per call: one more rounding of the weights) or "
+SPEED_ALTERNATIVE = ("For speed instead: Advanced → **INT8 route = auto** and **NVFP4 route = auto** (the defaults: "
+                     "every quantized layer on the int8 tensor cores from the 4-bit weights alone, re-quantized per "
+                     "call), **INT8 route = w8a8** (the same tensor cores from an 8-bit copy of each weight) or "
                      "**Quantization = w8a8** (static W8A8 + TDC).")
 
 
@@ -62,6 +62,12 @@ def expected_markdown(cfg, cls: str, shape: costs.TransformerShape | None, prese
         lines.append("On the CPU every quantized layer is simulated in plain torch (slower than the baseline's); "
                      "the speed comes from skipped blocks only. On a GPU this setting optimises "
                      + ("**memory (4-bit weights)**" if four_bit else "memory and INT8 speed") + ".")
+    elif costs.int8_tensor_core_routes(cfg, cls):
+        src = ("its INT8 weight copy" if cfg.int8_route == "w8a8" else
+               "its 4-bit weight, re-quantized to INT8 per call")
+        lines.append(f"This GPU has no FP4 tensor cores: every quantized layer — DMPQ's NVFP4 decisions too — multiplies "
+                     f"INT8 activations by {src} on the int8 tensor cores (INT8 / NVFP4 route = auto); the rest of "
+                     "the speed comes from skipped blocks and the 8-bit attention.")
     elif cfg.quant != "off" and not costs.fp4_tensor_cores(cls) and cfg.quant != "w8a8":
         opt = "memory (4-bit weights)" if four_bit else "memory"
         lines.append(f"This GPU has no FP4 tensor cores: NVFP4 layers decode their 4-bit weights and multiply "
