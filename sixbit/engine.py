@@ -154,16 +154,18 @@ def tdc_threshold(cfg: SixBitConfig, policy: Policy):
     return None, f"steps: threshold × {s}/N{why}"
 
 
+def _device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter (the CPU for a module without parameters)."""
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
+
+
 def _swap(transformer: nn.Module, blocks, adapter: Adapter, cfg: SixBitConfig, names: list[str]):
     """(routed SixBitLinears in ``names`` order, weight-only SixBitLinears, originals for the restore)."""
     modules: list[SixBitLinear] = []
     originals: dict = {}
     if cfg.quantized:
-        try:  # "auto": the route of the device the transformer is on now (routes.int8_route_for)
-            device = next(p.device for p in transformer.parameters())
-        except StopIteration:
-            device = torch.device("cpu")
-        int8_route = INT8 if cfg.quant == "w4a8" else int8_route_on(cfg.int8_route, device, cfg.backend)
+        # "auto": the route of the device the transformer is on now (routes.int8_route_for)
+        int8_route = INT8 if cfg.quant == "w4a8" else int8_route_on(cfg.int8_route, _device(transformer), cfg.backend)
         new, originals = swap_linears(
             transformer, names, formats_=cfg.weight_formats, hadamard_block=cfg.hadamard_block,
             fp_weights=cfg.fp_weights, int8_route=int8_route, backend=cfg.backend,
@@ -277,11 +279,9 @@ class SixBitHandle:
         return hook
 
     def _new_trace(self) -> Trace:
-        try:
-            device = next(p.device for p in self.transformer.parameters())
-        except StopIteration:
-            device = torch.device("cpu")
+        device = _device(self.transformer)
         config = {**self.cfg.to_dict(), "policy_resolved": self.policy.describe(), "tau_resolved": self.tau,
+                  "int8_route_resolved": self.modules[0].int8_route if self.modules else None,
                   "tau_attn_resolved": self.tau_attn, "pdr_rho_resolved": self.pdr_rho, "pdr_rho_source": self.pdr_rho_source,
                   "tdc_threshold_resolved": self.tdc_threshold_resolved,
                   "family": self.adapter.family, "cfg_batching": self.adapter.cfg,

@@ -187,6 +187,7 @@ def test_int8_route_auto_resolves_on_the_transformers_device(pipe, monkeypatch):
     assert {m.int8_route for m in handle.modules} == {"int8"}
     generate(pipe)
     assert handle.trace.summary()["nvfp4_as_int8"] == 0
+    assert handle.trace.config["int8_route"] == "auto" and handle.trace.config["int8_route_resolved"] == "int8"
     handle.remove()
     monkeypatch.setattr(ops(), "int8_tensor_cores", lambda device: True)
     monkeypatch.setattr(hooks, "_NATIVE_FP4", {})
@@ -194,6 +195,7 @@ def test_int8_route_auto_resolves_on_the_transformers_device(pipe, monkeypatch):
     assert {m.int8_route for m in handle.modules} == {"w4a8_requant"}
     assert all(m.packed.formats == ("nvfp4",) for m in handle.modules)
     generate(pipe)
+    assert handle.trace.config["int8_route_resolved"] == "w4a8_requant"
     summary = handle.trace.summary()
     handle.remove()
     assert summary["nvfp4_as_int8"] > 0 and summary["route_counts"]["nvfp4"] == 0
