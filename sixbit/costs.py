@@ -21,20 +21,34 @@ listed one, so a reservation errs long.
 
 **Per-route unit costs** (:data:`UNIT_COSTS`, one :class:`ClassCosts` per measured device class). A bf16
 step splits into attention, linear GEMMs and the rest (fractions of the step); 6Bit changes the rest
-(``other_sixbit``: its fused q/k LayerNorm and rotary), each computed linear call by its route's cost
-relative to a bf16 call (``route``), and a skipped block evaluation costs ``skipped`` of a computed bf16 one.
-With fractions p_r of the computed linear calls per route and the skipped fraction s of block evaluations:
+(``other_sixbit``: its fused q/k LayerNorm and rotary, norms that emit INT8 codes, gated residuals — profiled
+with quantization on only, so a config without quantization keeps the bf16 rest ``other``), each computed
+linear call by its route's cost relative to a bf16 call (``route``), each computed block's attention that ran
+8-bit by ``attention_8bit`` (the whole 8-bit call ÷ cuDNN bf16), and a skipped block evaluation costs
+``skipped`` of a computed bf16 one.
+With fractions p_r of the computed linear calls per route, the fraction a of computed block evaluations whose
+attention ran 8-bit and the skipped fraction s of block evaluations:
 
-    step ratio = (1 − s) · (attention + other_sixbit + linear · Σ p_r · route_r) + s · skipped
+    step ratio = (1 − s) · (attention · (1 − a + a · attention_8bit) + other_sixbit
+                            + linear · Σ p_r · route_r) + s · skipped
     expected per-step speed-up = 1 / step ratio
 
-* ``sm_90`` (NVIDIA H200, Hopper kernels): ``route`` = ``ops.linear`` end to end (quantize + GEMM) summed
-  over the four CogVideoX-2B linear shapes at M = 35,552 rows ÷ bf16 cuBLAS (``kernels_h200.json``,
-  "linear"); shares from ``step_profile_h200_2b_routes.json`` (bf16: attention 352.0, cuBLAS GEMM 122.9,
-  rest 159.8 of 634.7 ms; the full method's rest 81.0 ms); ``skipped`` fitted to the TDC-only row of
-  ``speed_h200_2b.json`` (35.8 % skipped, 18.71 s vs 31.49 s). Against the measured 2B rows of that file
-  the model is exact for TDC only (fitted), +0.3 % for W8A8 + TDC, +3.7 % for INT8 decisions on W8A8 and
-  +12.6 % (optimistic) for the full method (``tests/test_costs_effect.py``).
+A run's own a comes from its trace (``attention_fp8_fraction``); before a run, :func:`expected_effect` takes
+the a measured in the class's reference runs for the config's ``attention_after_skip`` (``attention_shares``;
+0 with ``attention="bf16"``, 1 with ``"fp8"``).
+
+* ``sm_90`` (Hopper; measured on an NVIDIA H100 80GB HBM3, one session's runs — the H200 is the same class and
+  ran the bf16 step within 0.1 % of it, 629 ms): ``route`` = ``ops.linear`` end to end (quantize + GEMM) summed
+  over the four CogVideoX-2B linear shapes at M = 35,552 rows ÷ bf16 cuBLAS (``kernels_linear_h100_s34.json``);
+  shares from ``step_profile_h100_2b_s34.json`` (bf16: attention 343.9, cuBLAS GEMM 120.1, rest 165.1 of
+  629.1 ms; the full method's rest 41.4 ms); ``attention_8bit`` = the whole 8-bit call (norm on load, K/V
+  pass, kernel) ÷ cuDNN after the same norms at the 2B shape (``probe_normload_h100_s33.json``: 8.660 /
+  11.525 ms); ``skipped`` fitted to the default's 50-step row of ``speed_h100_2b_s34.json`` (52.3 % skipped,
+  20 % 8-bit attention, 12.27 s vs 31.54 s), and ``attention_shares`` are the 8-bit attention fractions of that
+  row (after-skip bf16) and of ``speed_h100_2b_s35.json``'s ``fast`` row (after-skip by the policy). Against
+  the measured 2B rows the model is exact for the fitted row, +2.0 % (optimistic) for the paper's routes in the
+  same run, −1.3 % for the default and −2.2 % for ``fast`` in the next run (``tests/test_costs_effect.py``).
+  The profile's computed step (every block computed, 87 % 8-bit attention) is reproduced to 0.3 %.
 * ``cpu`` (sixbit-mini, one thread, ``app_cpu.json`` profile): ``linear`` = F.linear's share of the
   baseline transformer's CPU time; NVFP4, INT8 and FP16 (4-bit weights) are simulated in torch and were
   measured together: one cost = the quantized linears' time per computed call ÷ a plain F.linear call's;
@@ -59,7 +73,7 @@ from sixbit import routes as _routes
 
 __all__ = ["TransformerShape", "COGVIDEOX_5B", "step_flops", "step_seconds", "relative_rate", "H200_EFFECTIVE_TFLOPS",
            "RELATIVE_RATE", "ClassCosts", "UNIT_COSTS", "WEIGHT_RATIOS", "device_class", "Effect", "expected_effect",
-           "run_estimate", "weight_format", "fp4_tensor_cores", "NAME_CAPABILITY", "int8_tensor_core_routes"]
+           "run_estimate", "attention_share", "weight_format", "fp4_tensor_cores", "NAME_CAPABILITY", "int8_tensor_core_routes"]
 
 #: effective bf16 rate of a whole CogVideoX transformer step on the H200 (measured; see the docstring)
 H200_EFFECTIVE_TFLOPS = 373.0
@@ -134,15 +148,22 @@ class ClassCosts:
     other_sixbit: float
     skipped: float
     route: dict[str, float]
+    #: the whole 8-bit attention call ÷ the bf16 one (1: no 8-bit attention measured on the class)
+    attention_8bit: float = 1.0
+    #: measured fraction of computed block evaluations with 8-bit attention, by ``attention_after_skip``
+    attention_shares: dict[str, float] | None = None
 
 
 #: measured device classes only; every number is traceable to the named result files (tests recompute them)
 UNIT_COSTS: dict[str, ClassCosts] = {
     "sm_90": ClassCosts(
-        measured_on="NVIDIA H200, CogVideoX-2B size 49×480×720",
-        sources=("kernels_h200.json", "step_profile_h200_2b_routes.json", "speed_h200_2b.json"),
-        attention=0.5545, linear=0.1937, other=0.2518, other_sixbit=0.1276, skipped=0.0888,
-        route={"bf16": 1.0, "nvfp4": 1.3057, "int8": 1.1478, "w8a8": 0.7066, "w4a16": 1.1918}),
+        measured_on="NVIDIA H100 80GB HBM3 (Hopper), CogVideoX-2B size 49×480×720",
+        sources=("kernels_linear_h100_s34.json", "step_profile_h100_2b_s34.json", "probe_normload_h100_s33.json",
+                 "speed_h100_2b_s34.json", "speed_h100_2b_s35.json"),
+        attention=0.5466, linear=0.1909, other=0.2625, other_sixbit=0.0658, skipped=0.0471,
+        route={"bf16": 1.0, "nvfp4": 1.3616, "int8": 1.1894, "w8a8": 0.8293, "w4a8_requant": 0.837,
+               "w4a16": 1.2336},
+        attention_8bit=0.7514, attention_shares={"bf16": 0.1997, "policy": 0.5503}),
     "cpu": ClassCosts(
         measured_on="CPU, sixbit-mini, one thread",
         sources=("app_cpu.json",),
@@ -234,8 +255,23 @@ def _route_cost(costs: ClassCosts, trace_route: str, cfg, cls: str) -> float | N
     return costs.route.get(key)
 
 
-def run_estimate(cls: str, cfg, route_counts: dict[str, int], skip_fraction: float) -> float | None:
-    """The model's per-step speed-up for a run's own decisions (its route counts and skipped fraction) on
+def attention_share(costs: ClassCosts, cfg) -> float:
+    """The fraction of computed block evaluations expected to run 8-bit attention under ``cfg`` on a class with
+    ``costs``: 0 with ``attention="bf16"`` or none measured, 1 with ``"fp8"``, the reference runs' measured
+    fraction for the config's ``attention_after_skip`` with ``"policy"`` (the smaller one where that setting
+    was not measured)."""
+    shares = costs.attention_shares
+    if not shares or cfg.attention == "bf16":
+        return 0.0
+    if cfg.attention == "fp8":
+        return 1.0
+    return shares.get(cfg.attention_after_skip, min(shares.values()))
+
+
+def run_estimate(cls: str, cfg, route_counts: dict[str, int], skip_fraction: float,
+                 attention_fp8: float | None = None) -> float | None:
+    """The model's per-step speed-up for a run's own decisions (its route counts, skipped fraction and, when
+    given, the fraction of computed block evaluations with 8-bit attention; else :func:`attention_share`) on
     device class ``cls``; ``None`` where the class or a route it used is not measured."""
     costs = UNIT_COSTS.get(cls)
     computed = {r: n for r, n in route_counts.items() if r != "skipped" and n}
@@ -250,7 +286,10 @@ def run_estimate(cls: str, cfg, route_counts: dict[str, int], skip_fraction: flo
         mix += n / total * c
     if not total:
         mix = 1.0
-    computed_step = costs.attention + costs.other_sixbit + costs.linear * mix
+    a = attention_share(costs, cfg) if attention_fp8 is None else attention_fp8
+    attention = costs.attention * (1.0 - a + a * costs.attention_8bit)
+    other = costs.other if cfg.quant == "off" else costs.other_sixbit  # fusions measured with quantization only
+    computed_step = attention + other + costs.linear * mix
     ratio = (1.0 - skip_fraction) * computed_step + skip_fraction * costs.skipped
     return 1.0 / ratio
 

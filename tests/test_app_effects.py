@@ -63,9 +63,14 @@ def test_hopper_text_says_memory_and_offers_the_speed_alternative_with_numbers()
     assert "2.29× smaller" in default and "optimises **memory" not in default
     fast = effects.expected_markdown(SixBitConfig.preset("fast"), "sm_90", TWO_B)
     assert "every quantized layer" in fast and "INT8 weight copy" in fast and "1.21× smaller" in fast
-    assert "1.07×–1.11× with every block computed" in text  # traceable: tests/test_costs_effect.py
-    fast = effects.expected_markdown(SixBitConfig.preset("balanced", quant="w8a8"), "sm_90", TWO_B)
-    assert "1.22× with every block computed" in fast and "1.64× smaller" in fast
+    # traceable: tests/test_costs_effect.py
+    assert "1.18×–1.23× with every block computed" in text and "2.24×–2.33× if TDC skips 50%" in text
+    assert "1.34× with every block computed" in default and "2.52× if TDC skips 50%" in default
+    static = effects.expected_markdown(SixBitConfig.preset("balanced", quant="w8a8"), "sm_90", TWO_B)
+    assert "1.34× with every block computed" in static and "1.64× smaller" in static
+    assert "skipped blocks and the 8-bit attention" in text
+    ampere = effects.expected_markdown(paper, "sm_80-89", TWO_B)
+    assert "8-bit attention on capability 8.9" in ampere
 
 
 @pytest.mark.parametrize("cls", ["sm_120", "sm_80-89"])
