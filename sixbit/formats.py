@@ -588,15 +588,23 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
 def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128,
                             qk: str = "fp8", rotate: bool = False, smooth: bool = True,
                             sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
-                            hi_channels: int = 0) -> torch.Tensor:
+                            hi_channels: int = 0, pv: str = "fp8") -> torch.Tensor:
     """What ``sixbit_kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
     ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch.
+
+    ``pv="bf16"`` (an accuracy study, no kernel takes it): ``P`` rounded to bf16 and multiplied by the bf16 ``V``
+    itself, as a 16-bit P·V MMA would — what the e4m3 P·V costs in accuracy, apart from QKᵀ.
 
     ``hi_channels`` = n > 0 (an accuracy option; the kernel takes n = 16): K's n largest channels per head and
     the same channels of Q go through a bf16 product beside the 8-bit one — the logit (× log2 e) is
     ``s8 · q_scale · k_scale · c + bf16(q_hi · c)ᵀ k_hi`` with ``c = sm_scale · log2 e``, the rest as without."""
     B, H, S_q, D = q.shape
+    if pv not in ("fp8", "bf16"):
+        raise ValueError(f"pv must be 'fp8' or 'bf16', got {pv!r}")
     kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
+    if pv == "bf16":  # V unquantized (its bf16 values, zero rows as padding), no V scale
+        kv["v"] = torch.nn.functional.pad(v.float(), (0, 0, 0, kv["v"].shape[2] - v.shape[2]))
+        kv["v_scale"] = torch.ones_like(kv["v_scale"])
     qf = q.float() @ attention_rotation(D, q.device) if rotate else q.float()
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
     if hi_channels:  # Q's hi channels carry the logit scale (sm_scale · log2 e), rounded to bf16 with it
@@ -626,7 +634,7 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         p = torch.where(valid[:, None, None, :], p, 0.0)
         done = ~valid.any(-1)[:, None, None]
         lsum = torch.where(done, lsum, lsum * alpha + p.sum(-1))
-        p8 = _attn_cast(p, "fp8")
+        p8 = _attn_cast(p, "fp8") if pv == "fp8" else p.to(torch.bfloat16).float()
         acc = torch.where(done[..., None], acc, acc * alpha[..., None] + p8 @ kv["v"][:, :, j:j + block_n])
         m = m_new
     return acc / lsum[..., None] * kv["v_scale"][:, :, None, :]

@@ -171,6 +171,8 @@ def test_attention_accuracy_study_writes_every_row(out):
     assert all(0 < e[c] < 1 for e in err.values() for c in ("normal", "K outliers"))
     today, split = err["e4m3 QKᵀ (today's kernel)"], err["e4m3 + 8 K channels in bf16"]
     assert split["K outliers"] < 0.5 * today["K outliers"]
+    both16 = err["all 64 channels in bf16, **P·V in bf16**"]  # the 16-bit products: below every 8-bit row
+    assert all(both16[c] < e[c] for e in err.values() if e is not both16 for c in ("normal", "K outliers"))
     md = (out / "aa.md").read_text()
     assert f"| e4m3 + 8 K channels in bf16 | {split['normal']:.2%} | {split['K outliers']:.2%} |" in md
 

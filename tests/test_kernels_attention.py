@@ -320,6 +320,29 @@ def test_spec_hi_channels_keep_k_outliers_out_of_the_8_bit_logits():
         spec.attention_fp8_reference(q, k, v, hi_channels=4, rotate=True)
 
 
+def test_spec_pv_in_bf16_is_the_accuracy_study_of_the_e4m3_pv():
+    """``pv="bf16"`` (an accuracy study, no kernel): P rounded to bf16 times the bf16 V itself. With every QKᵀ channel
+    in bf16 too it is 16-bit attention (well under 1 %); with the e4m3 P·V the error is several times larger;
+    key padding still ends the keys, a non-finite V value still reaches its rows, a wrong value names the field."""
+    q, k, v = _qkv(B=1, H=2, S=64, S_kv=1000, D=64, seed=13)
+    exact = _sdpa(q, k, v)
+
+    def err(**kw):
+        return float(spec.relative_error(spec.attention_fp8_reference(q, k, v, **kw), exact))
+
+    assert err(hi_channels=64, pv="bf16") < 0.01 < err(hi_channels=64)
+    assert err(pv="bf16") < err()
+    assert torch.equal(spec.attention_fp8_reference(q, k, v, pv="fp8"), spec.attention_fp8_reference(q, k, v))
+    short = spec.attention_fp8_reference(q, k, v, hi_channels=64, pv="bf16", kv_len=torch.tensor([20]))
+    assert float(spec.relative_error(short, _sdpa(q, k[:, :, :20], v[:, :, :20]))) < 0.01
+    v2 = v.clone()
+    v2[0, 0, 7, 3] = float("inf")
+    out = spec.attention_fp8_reference(q, k, v2, pv="bf16")
+    assert not out[0, 0, :, 3].isfinite().any() and out[0, 1].isfinite().all()
+    with pytest.raises(ValueError, match="pv"):
+        spec.attention_fp8_reference(q, k, v, pv="fp16")
+
+
 def test_kernel_hi_channels_match_the_spec():
     """The kernel's hi_channels = 16 (not yet run on a GPU): the K/V pass writes exactly the spec's channels, bf16
     values and zeroed codes; the attention agrees with the spec on awkward lengths, key padding, K outliers and
