@@ -48,7 +48,8 @@ the a measured in the class's reference runs for the config's ``attention_after_
   row (after-skip bf16) and of ``speed_h100_2b_s35.json``'s ``fast`` row (after-skip by the policy). Against
   the measured 2B rows the model is exact for the fitted row, +2.0 % (optimistic) for the paper's routes in the
   same run, −1.3 % for the default and −2.2 % for ``fast`` in the next run (``tests/test_costs_effect.py``).
-  The profile's computed step (every block computed, 87 % 8-bit attention) is reproduced to 0.3 %.
+  The profile's computed step (every block computed, 87 % 8-bit attention) is reproduced to 0.3 %. The shares are
+  the 2B step's: against the 5B rows of ``speed_h100_5b_s35.json`` the model is 12–16 % pessimistic (tested).
 * ``cpu`` (sixbit-mini, one thread, ``app_cpu.json`` profile): ``linear`` = F.linear's share of the
   baseline transformer's CPU time; NVFP4, INT8 and FP16 (4-bit weights) are simulated in torch and were
   measured together: one cost = the quantized linears' time per computed call ÷ a plain F.linear call's;

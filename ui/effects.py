@@ -84,7 +84,8 @@ def expected_markdown(cfg, cls: str, shape: costs.TransformerShape | None, prese
                      f"{_rest_of_speed(cls)}. " + SPEED_ALTERNATIVE)
     if e.sources:
         lines.append("Model from measured unit costs: " + ", ".join(f"`{s}`" for s in e.sources) + " (sixbit/costs.py"
-                     + ("; within ±2.2 % of the measured 50-step 2B rows on an H100" if cls == "sm_90" else "")
+                     + ("; within ±2.2 % of the measured 50-step 2B rows on an H100, 12–16 % low at 5B" if cls == "sm_90"
+                        else "")
                      + ").")
     return "\n\n".join(lines)
 
