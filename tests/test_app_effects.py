@@ -69,6 +69,7 @@ def test_hopper_text_says_memory_and_offers_the_speed_alternative_with_numbers()
     static = effects.expected_markdown(SixBitConfig.preset("balanced", quant="w8a8"), "sm_90", TWO_B)
     assert "1.34× with every block computed" in static and "1.64× smaller" in static
     assert "skipped blocks and the 8-bit attention" in text
+    assert f"(sixbit/costs.py; {costs.UNIT_COSTS['sm_90'].fit})." in text  # the model's measured error, stated
     ampere = effects.expected_markdown(paper, "sm_80-89", TWO_B)
     assert "8-bit attention on capability 8.9" in ampere
 

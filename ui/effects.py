@@ -83,10 +83,9 @@ def expected_markdown(cfg, cls: str, shape: costs.TransformerShape | None, prese
                      f"at 16-bit rate, so this setting optimises **{opt}**, not speed; the speed comes from "
                      f"{_rest_of_speed(cls)}. " + SPEED_ALTERNATIVE)
     if e.sources:
+        fit = costs.UNIT_COSTS[cls].fit if cls in costs.UNIT_COSTS else ""
         lines.append("Model from measured unit costs: " + ", ".join(f"`{s}`" for s in e.sources) + " (sixbit/costs.py"
-                     + ("; within ±2.2 % of the measured 50-step 2B rows on an H100, 12–16 % low at 5B" if cls == "sm_90"
-                        else "")
-                     + ").")
+                     + (f"; {fit}" if fit else "") + ").")
     return "\n\n".join(lines)
 
 
