@@ -249,12 +249,17 @@ def int8_tensor_core_routes(cfg, cls: str) -> bool:
 
 
 def _route_cost(costs: ClassCosts, trace_route: str, cfg, cls: str) -> float | None:
-    """The unit cost of a trace route (``nvfp4`` / ``int8`` / ``fp16``) under ``cfg`` on device class ``cls``;
-    None if not measured."""
+    """The unit cost of a decision (``nvfp4`` / ``int8`` / ``fp16``, as a trace or schedule names it) under ``cfg``
+    on device class ``cls`` — the route it runs there: an NVFP4 decision costs the INT8 route's where
+    ``nvfp4_route`` sends it there (``routes.nvfp4_as_int8``); None if not measured."""
+    int8 = "w8a8" if cfg.quant == "w8a8" else _int8_route(cls, cfg) if cfg.quant == "dmpq" else "int8"
     if trace_route == "fp16":
         key = "bf16" if cfg.quant == "off" or cfg.fp_weights == "device" else "w4a16"
     elif trace_route == "int8":  # the INT8 route that ran
-        key = "w8a8" if cfg.quant == "w8a8" else _int8_route(cls, cfg) if cfg.quant == "dmpq" else "int8"
+        key = int8
+    elif trace_route == "nvfp4" and cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, int8,
+                                                                                   fp4_tensor_cores(cls)):
+        key = int8
     else:
         key = trace_route
     return costs.route.get(key)

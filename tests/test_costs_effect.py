@@ -46,14 +46,17 @@ def test_hopper_step_shares_come_from_the_profile_and_the_8bit_attention_from_th
     assert c.attention_8bit == pytest.approx(two_b["norm_on_load_ms"] / two_b["cudnn_whole_ms"], abs=1e-4)
     # the profile's computed step of the default (every block computed; the 8-bit share of attention is what
     # cuDNN's kernel no longer takes; the NVFP4 decisions run the INT8 route, as the trace counts them): reproduced
-    # by the model within 0.5 %
+    # by the model within 0.5 % — from the schedule's decisions as recorded (its NVFP4 decisions cost the INT8 route
+    # they run on Hopper, and counting them as INT8 gives the same number)
     full = prof["full"]
     cudnn = sum(ms for name, ms in full["top_kernels"] if "cudnn" in name and "sdpa" in name)
     a = 1.0 - cudnn / bf16["attention"]
     routes = profile["schedule"]["route_fractions"]
-    counts = {"int8": routes["nvfp4"] + routes["int8"], "fp16": routes["fp16"]}
-    speed = costs.run_estimate("sm_90", SixBitConfig.preset("balanced"), counts, 0.0, a)
+    assert routes["nvfp4"] > 0
+    speed = costs.run_estimate("sm_90", SixBitConfig.preset("balanced"), dict(routes), 0.0, a)
     assert total / speed == pytest.approx(full["total_ms_per_step"], rel=5e-3)
+    as_int8 = {"int8": routes["nvfp4"] + routes["int8"], "fp16": routes["fp16"]}
+    assert costs.run_estimate("sm_90", SixBitConfig.preset("balanced"), as_int8, 0.0, a) == pytest.approx(speed)
 
 
 def _row(file: str, name: str, size: str = "2b") -> tuple[dict, float]:
@@ -185,6 +188,21 @@ def test_int8_route_auto_is_costed_as_the_route_it_runs_on_each_class():
             SixBitConfig.preset("balanced", backend=cfg.backend), cls, TWO_B)
     assert costs.expected_effect(auto, "sm_90", TWO_B) == costs.expected_effect(
         SixBitConfig.preset("balanced", int8_route="w4a8_requant"), "sm_90", TWO_B)
+
+
+def test_an_nvfp4_decision_costs_the_route_it_runs():
+    """An NVFP4 decision (a trace's or schedule's ``nvfp4``) is costed as the route ``nvfp4_route`` runs it on: the
+    INT8 route's cost on Hopper under ``"auto"`` (no FP4 tensor cores) or ``"int8"``, NVFP4's with the paper's
+    routes, on the CPU class (W4A4 emulated there) and on Blackwell (FP4 tensor cores)."""
+    c = costs.UNIT_COSTS["sm_90"]
+    default, paper = SixBitConfig(), SixBitConfig.preset("full_paper")
+    assert costs._route_cost(c, "nvfp4", default, "sm_90") == c.route["w4a8_requant"]
+    assert costs._route_cost(c, "nvfp4", default.replace(nvfp4_route="int8"), "sm_90") == c.route["w4a8_requant"]
+    assert costs._route_cost(c, "nvfp4", paper, "sm_90") == c.route["nvfp4"]
+    assert costs._route_cost(c, "nvfp4", SixBitConfig.preset("fast"), "sm_90") == c.route["w8a8"]
+    cpu = costs.UNIT_COSTS["cpu"]
+    assert costs._route_cost(cpu, "nvfp4", default, "cpu") == cpu.route.get("nvfp4")
+    assert costs._route_cost(c, "nvfp4", default, "sm_100") == c.route["nvfp4"]  # FP4 tensor cores: NVFP4 stays
 
 
 def test_requantized_int8_route_is_costed_from_its_kernel_benchmark_with_the_4bit_memory():
