@@ -25,7 +25,16 @@
 * ``requant``: the ``w4a8_requant`` route's weight operand (session 33) at the six 2B/5B block shapes — the NVFP4
   weight re-quantized to INT8 (``requant.requantize_int8``, a few launch geometries, outputs compared) + the W8A8
   GEMM, against W4A8's decode-once GEMM (the ``int8`` route), W8A8 on a resident INT8 weight and cuBLAS bf16, with
-  each route's relative error against the fp32 product of the same (random, unrotated) weights.
+  each route's relative error against the fp32 product of the same (random, unrotated) weights;
+* ``overlap`` (session 36): the whole 8-bit call as the processor runs it, against its parts (kernel, K/V pass,
+  statistics, quantize), the kernel at query lengths whose tiles fill whole waves of 2 programs per SM, and the call
+  split into 2–10 chunks of (batch, heads) whose K/V passes run on a side stream (low / high priority, eligible at
+  once or after the first chunk's pass) while the first chunks' attention runs — outputs compared bit for bit;
+* earlier parts of session 36, removed with the kernel option they timed (docs/ATTENTION.md "Session 36"): ``tail`` —
+  the whole call and the kernel with a split of the last partial wave's tiles over their key blocks and without
+  (``probe_tail_h100_s36.json``, ``_s36b`` with 9 rounds, ``_s36c`` with 150 single-call pairs) — and ``tailscan`` —
+  the kernel at query lengths of 264–286 tiles a head (``probe_tailscan_h100_s36.json``: the same cost per tile,
+  0.528–0.533 µs, at whole and partial last waves, so no tail to recover).
 
 ``python benchmarks/hopper_probe.py PART OUT.json`` on a GPU."""
 
@@ -53,6 +62,21 @@ def bench(fn):
     fn()
     torch.cuda.synchronize()
     return do_bench(fn, warmup=25, rep=200)
+
+
+def processor_inputs(H, rope_on):
+    """What CogVideoX's attention processor holds at the 2B / 5B shapes (``normload``, ``overlap``): the raw q/k/v
+    projections as strided ``[B, H, S, D]`` views, the q/k LayerNorm's weight and bias, the rotary tables (5B), their
+    ``RowNorm`` and a strided output buffer."""
+    from sixbit_kernels.layernorm import RowNorm
+
+    B, S, D, T = 2, 17776, 64, 226
+    q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2) * 2 + 0.3 for _ in range(3))
+    w, b = (torch.randn(2, D, device=dev) * 0.3 + torch.tensor([[1.0], [0.0]], device=dev)).to(torch.bfloat16)
+    ang = torch.randn(S - T, D // 2, device=dev)
+    rope = (ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1), T) if rope_on else None
+    out_s = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    return B, S, D, q, k, v, w, b, rope, RowNorm(w, b, 1e-6, rope), out_s
 
 
 if part in ("all", "gemm"):  # session 29: the decode-once GEMM (now persistent) against cuBLAS
@@ -294,18 +318,11 @@ if part in ("all", "sweep"):  # session 31: launch geometry of the computed step
     res["sweep"] = srows
 
 if part in ("all", "normload"):  # session 32: q/k norm (+ rotary) on load vs normalizing first
-    from sixbit_kernels.layernorm import RowNorm, layer_norm_rows
+    from sixbit_kernels.layernorm import layer_norm_rows
 
     nrows = []
     for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
-        B, S, D, T = 2, 17776, 64, 226
-        q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2) * 2 + 0.3
-                   for _ in range(3))
-        w, b = (torch.randn(2, D, device=dev) * 0.3 + torch.tensor([[1.0], [0.0]], device=dev)).to(torch.bfloat16)
-        ang = torch.randn(S - T, D // 2, device=dev)
-        rope = (ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1), T) if rope_on else None
-        norm = RowNorm(w, b, 1e-6, rope)
-        out_s = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+        B, S, D, q, k, v, w, b, rope, norm, out_s = processor_inputs(H, rope_on)
 
         def first():
             qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
@@ -377,6 +394,113 @@ if part in ("all", "requant"):  # session 33: W4A8 on the int8 tensor cores from
         del w, x, w4, w8, q8, d8, da, r8, y32
         torch.cuda.empty_cache()
     res["requant"] = qrows
+
+if part in ("all", "overlap"):  # session 36: hiding the K/V pass behind the attention of other heads
+    from sixbit_kernels.layernorm import layer_norm_rows
+
+    orows = []
+    main = torch.cuda.current_stream()
+    sides = {"lo": torch.cuda.Stream(priority=0), "hi": torch.cuda.Stream(priority=-1)}
+    for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
+        B, S, D, q, k, v, w, b, rope, norm, out_s = processor_inputs(H, rope_on)
+
+        def inputs():  # the processor normalizes first where there is rotary (attention.NORM_ON_LOAD_ROTARY)
+            if rope_on:
+                return (*(layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k)), None, None)
+            return q, k, norm, norm
+
+        def seq():
+            qa, ka, qnorm, knorm = inputs()
+            return A.attention_fp8(qa, A.quantize_kv(ka, v, k_norm=knorm), out=out_s, q_norm=qnorm)
+
+        def chunks(n):
+            per = max(n // B, 1)
+            bounds = [round(i * H / per) for i in range(per + 1)]
+            return [(bb, bounds[i], bounds[i + 1]) for bb in range(B) for i in range(per)]
+
+        def sl(t, c):
+            return t[c[0]:c[0] + 1, c[1]:c[2]]
+
+        def overlapped(n, side, delayed):
+            qa, ka, qnorm, knorm = inputs()
+            cs = chunks(n)
+            side.wait_stream(main)
+            kv0 = A.quantize_kv(sl(ka, cs[0]), sl(v, cs[0]), k_norm=knorm)
+            if delayed:
+                side.wait_stream(main)
+            evs, kvs = [], []
+            with torch.cuda.stream(side):
+                for c in cs[1:]:
+                    kvs.append(A.quantize_kv(sl(ka, c), sl(v, c), k_norm=knorm))
+                    ev = torch.cuda.Event()
+                    ev.record(side)
+                    evs.append(ev)
+            A.attention_fp8(sl(qa, cs[0]), kv0, out=sl(out_s, cs[0]), q_norm=qnorm)
+            for c, ev, kv in zip(cs[1:], evs, kvs):
+                main.wait_event(ev)
+                A.attention_fp8(sl(qa, c), kv, out=sl(out_s, c), q_norm=qnorm)
+                for t in (kv.k, kv.k_scale, kv.v, kv.v_scale):
+                    t.record_stream(main)
+            return out_s
+
+        def chunked_one_stream(n):
+            qa, ka, qnorm, knorm = inputs()
+            for c in chunks(n):
+                A.attention_fp8(sl(qa, c), A.quantize_kv(sl(ka, c), sl(v, c), k_norm=knorm), out=sl(out_s, c),
+                                q_norm=qnorm)
+            return out_s
+
+        def cudnn():
+            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
+            return F.scaled_dot_product_attention(qn, kn, v)
+
+        ref = seq().clone()
+        qa, ka, qnorm, knorm = inputs()
+        kv = A.quantize_kv(ka, v, k_norm=knorm)
+        row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "cudnn_whole_ms": bench(cudnn),
+               "seq_ms": bench(seq), "kernel_ms": bench(lambda: A.attention_fp8(qa, kv, out=out_s, q_norm=qnorm)),
+               "kv_pass_ms": bench(lambda: A.quantize_kv(ka, v, k_norm=knorm)),
+               "kv_stats_ms": bench(lambda: A.kv_stats(ka, v, k_norm=knorm))}
+        st = A.kv_stats(ka, v, k_norm=knorm)
+        row["kv_quant_ms"] = bench(lambda: A.quantize_kv(ka, v, k_norm=knorm, stats=st))
+        for sq in (16896, 18304):  # query tiles a multiple of 264 (2 programs on each of 132 SMs) at H = 30
+            qq = torch.randn(B, H, sq, D, device=dev, dtype=torch.bfloat16)
+            oo = torch.empty_like(qq)
+            row[f"kernel_q{sq}_ms"] = bench(lambda: A.attention_fp8(qq, kv, out=oo))
+            del qq, oo
+        for n in (2, 4, 6, 10):
+            row[f"one_stream_{n}_ms"] = bench(lambda: chunked_one_stream(n))
+            for sname, side in sides.items():
+                for delayed in (False, True):
+                    key = f"overlap_{n}_{sname}{'_delayed' if delayed else ''}"
+                    got = overlapped(n, side, delayed)
+                    torch.cuda.synchronize()
+                    row[key + "_same"] = bool(torch.equal(got, ref))
+                    row[key + "_ms"] = bench(lambda: overlapped(n, side, delayed))
+        row["x_cudnn_seq"] = row["cudnn_whole_ms"] / row["seq_ms"]
+        best = min((kk for kk in row if kk.startswith("overlap_") and kk.endswith("_ms")), key=row.get)
+        row["best"] = best
+        row["x_cudnn_best"] = row["cudnn_whole_ms"] / row[best]
+        orows.append(row)
+        print("overlap", row, flush=True)
+        del q, k, v, out_s, ref, kv, qa, ka
+        torch.cuda.empty_cache()
+    res["overlap"] = orows
+    try:  # programmatic dependent launch in this Triton (launch_pdl / gdc_wait)
+        import triton.language as tl
+
+        @triton.jit
+        def _pdl_probe(x_ptr):
+            tl.extra.cuda.gdc_wait()
+            tl.store(x_ptr, tl.load(x_ptr) + 1)
+
+        x = torch.zeros(1, device=dev)
+        _pdl_probe[(1,)](x, launch_pdl=True)
+        torch.cuda.synchronize()
+        res["pdl"] = float(x.item())
+    except Exception as e:  # noqa: BLE001
+        res["pdl"] = repr(e)[:300]
+    print("pdl", res["pdl"], flush=True)
 
 out = sys.argv[2] if len(sys.argv) > 2 else "ws_probe.json"
 json.dump(res, open(out, "w"), indent=1)

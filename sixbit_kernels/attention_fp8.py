@@ -42,8 +42,9 @@ counts as ≈ 2⁻¹²⁵ in the row sum, an e4m3 zero in PV). Every score of a 
 into interleaved column pairs (``tl.split``) and joined back. The error is ~800× below the e4m3 rounding of P
 that follows (half an ulp: 6.25 %), so at most one P code in ~800 moves to its neighbour, and the row sum moves
 by ≤ 7.5·10⁻⁵ relative. A NaN score of a non-finite Q row is not carried by the polynomial; the epilogue writes
-NaN where the row's Q scale is not finite (K/V: the NaN V scales already do). Not yet measured on a GPU
-(``python -m benchmarks.attention --variants``). Cross-compiled for sm_90 on the CPU (Triton 3.9; D = 64, tile
+NaN where the row's Q scale is not finite (K/V: the NaN V scales already do). Measured slower on the H200 (session
+21, ``attention_variants_h200_s21.md``: 1/4 and 1/2 of the exp2 by the polynomial 1.06× / 1.12× cuDNN against 1.37×
+without), so :data:`POLY` keeps it off. Cross-compiled for sm_90 on the CPU (Triton 3.9; D = 64, tile
 (128, 128, 4, 3), pointer loads): ``exp2_poly=2`` halves the PTX's ``ex2.approx`` (264 → 136) for 384 more FMAs
 with the same 16 KB of shared memory (the pair split stays in registers); ``exp2_poly=4``'s second split goes
 through shared memory (40 KB, 4× the ``ld.shared``); ``exp2_poly=1`` leaves 8 (the rescale's).
@@ -72,6 +73,14 @@ default S_kv) ends each batch's keys; full key blocks run unmasked, the one part
 Non-finite input (tested): a NaN/Inf in a Q row makes that output row NaN; a NaN/Inf anywhere in K or V
 of a (batch, head) makes that head's whole output NaN (the statistics flag the head and its V scales
 become NaN). Never finite garbage.
+
+Measured on H100s in session 36 (docs/ATTENTION.md "Session 36"): at 2B the whole call as the processor runs it
+1.33–1.35× cuDNN after the same norms (three probes), the kernel alone 1.32× cuDNN SDPA in ``attention_h100_s36.md``
+(whose cuDNN ran at 11.19 ms, against 11.5–12.0 in the probes) — these H100s' do_bench medians move ±3 % between
+rounds, the size of the gap to 1.35×. Tried there and dropped (``probe_overlap_h100_s36.json``, ``probe_tail*_h100_s36*.json``): the
+K/V pass of later heads on a second stream while the first heads' attention runs (slower in every form), and
+splitting the tiles of the last partial wave over their key blocks (a partial last wave costs nothing measurable:
+0.528–0.533 µs a tile at whole and partial last waves alike).
 
 Measured on the H200 (``benchmarks/results/attention_h200_s21.md``, docs/ATTENTION.md "Session 21"): at the
 CogVideoX 2B / 5B shapes, with 256-key tiles of 64 query rows, the kernel is 1.38× / 1.36× cuDNN bf16 SDPA
