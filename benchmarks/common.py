@@ -42,6 +42,9 @@ EXTRA_CONFIGS = {"w8a8_tdc": ("w8a8", dict(tdc=True)),
                  # ... and its NVFP4 decisions on the same route where there are no FP4 tensor cores: every
                  # quantized GEMM on the int8 tensor cores, 4-bit weights only
                  "full_requant_auto": ("full", dict(int8_route="w4a8_requant", nvfp4_route="auto")),
+                 # the fast preset on those routes: its INT8 (and, by its nvfp4_route="auto", NVFP4) decisions on the
+                 # int8 tensor cores from the resident NVFP4 weights — no INT8 copies (session 36)
+                 "fast_requant": ("fast", dict(int8_route="w4a8_requant")),
                  # the paper's routes on every device: W4A4 / W4A8 (at 16-bit rate on Hopper) — the default routes
                  # until session 34 (since then "auto": the two rows above on a GPU, this one on the CPU)
                  "full_w4a8": ("full", dict(int8_route="int8", nvfp4_route="nvfp4")),
@@ -99,6 +102,8 @@ LABELS = {
     "full_attn_as_policy_t90": "full 6Bit · after-skip attention by the stale Γ · τ_attn at 90 %",
     "full_attn_as_fp8": "full 6Bit · after-skip attention 8-bit",
     "fast": "fast preset: full 6Bit · INT8 decisions on W8A8 · after-skip attention by the stale Γ",
+    "fast_requant": "fast preset · INT8 and NVFP4 decisions on the int8 tensor cores from the NVFP4 weights "
+                    "re-quantized per call (int8_route=\"w4a8_requant\"; no INT8 copies)",
     "full_attn_fp8": "full 6Bit · 8-bit attention on every computed block (attention=\"fp8\")",
     "tdc_attn": "TDC only, attention reuse (tdc_scope=attention)",
     "full_attn": "full 6Bit, attention reuse (tdc_scope=attention) + 8-bit attention by policy",

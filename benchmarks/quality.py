@@ -53,7 +53,7 @@ REGATE_CONFIGS = ("tdc_only_noregate", "full_noregate", "fast_noregate")
 WARMUP_CONFIGS = ("full_nowarmup",)
 #: opt-in rows: INT8 decisions on the int8 tensor cores from the 4-bit weights, re-quantized per call (session 33);
 #: with the NVFP4 decisions there too where the device has no FP4 tensor cores (nvfp4_route="auto", session 34)
-ROUTE_CONFIGS = ("full_requant", "full_requant_auto", "full_w4a8")
+ROUTE_CONFIGS = ("full_requant", "full_requant_auto", "full_w4a8", "fast_requant")
 ROW_CHOICES = (QUALITY_CONFIGS + ATTENTION_CONFIGS + SCOPE_CONFIGS + STORE_CONFIGS + REGATE_CONFIGS + WARMUP_CONFIGS
                + ROUTE_CONFIGS)
 #: quality rows that replay, per prompt and seed, the skip pattern of another row (skips only: DMPQ and PDR

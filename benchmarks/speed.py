@@ -61,7 +61,7 @@ SPEED_CONFIGS = ("bf16", "bf16_fast_attn", "w8a8", "w4a4", "dmpq_only", "tdc_onl
                  "full_nowarmup",
                  # the INT8 decisions (and, with nvfp4_route="auto", the NVFP4 ones) on the int8 tensor cores from
                  # the resident 4-bit weights, re-quantized per call (int8_route="w4a8_requant")
-                 "full_requant", "full_requant_auto",
+                 "full_requant", "full_requant_auto", "fast_requant",
                  # the paper's routes W4A4 / W4A8 (the default routes until session 34)
                  "full_w4a8")
 #: speed rows without the engine: the bf16 baseline with only sixbit's attention processor
