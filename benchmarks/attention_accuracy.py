@@ -8,8 +8,9 @@ formats and for the accuracy option ``hi_channels`` (K's largest channels per he
 P·V alone leaves. The rows with P·V in bf16 (``pv="bf16"``, no kernel takes it) show what issue 18's ≤ 2 % with K
 outliers asks of P·V: a 16-bit P·V MMA runs at half the e4m3 rate, so in tensor-core work such an attention does
 at most 1/(¼ + ½) = 1.33× a bf16 one — below the issue's ≥ 1.35× speed target — and SageAttention 1.0.6 (INT8
-QKᵀ, fp16 P·V) measured 401 against cuDNN's 411 TFLOP/s at these shapes on the H200 (the project's FACTS). Speed
-is ``python -m benchmarks.attention``'s (GPU).
+QKᵀ, fp16 P·V) measured 401 against cuDNN's 411 TFLOP/s at these shapes on the H200 (the project's FACTS); a bound
+on tensor-core work only, which neither kernel is bound by at head dim 64 (docs/ATTENTION.md, session 36's caveat).
+Speed is ``python -m benchmarks.attention``'s (GPU).
 """
 
 from __future__ import annotations

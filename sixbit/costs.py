@@ -237,15 +237,17 @@ def _int8_route(cls: str, cfg) -> str:
     return _routes.int8_route_for(cfg.int8_route, kernels)
 
 
+def _nvfp4_runs_int8(cls: str, cfg) -> bool:
+    """Whether DMPQ's NVFP4 decisions run its INT8 route on device class ``cls`` (``routes.nvfp4_as_int8``)."""
+    return cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, _int8_route(cls, cfg), fp4_tensor_cores(cls))
+
+
 def int8_tensor_core_routes(cfg, cls: str) -> bool:
     """Whether every quantized decision of ``cfg`` runs on the int8 tensor cores on device class ``cls``: DMPQ with
     its INT8 decisions on ``w8a8`` or ``w4a8_requant`` there and its NVFP4 decisions on the INT8 route
     (``routes.nvfp4_as_int8``)."""
-    if cfg.quant != "dmpq":
-        return False
-    int8 = _int8_route(cls, cfg)
-    return int8 in (_routes.W8A8, _routes.W4A8_REQUANT) and _routes.nvfp4_as_int8(cfg.nvfp4_route, int8,
-                                                                                  fp4_tensor_cores(cls))
+    return (cfg.quant == "dmpq" and _int8_route(cls, cfg) in (_routes.W8A8, _routes.W4A8_REQUANT)
+            and _nvfp4_runs_int8(cls, cfg))
 
 
 def _route_cost(costs: ClassCosts, trace_route: str, cfg, cls: str) -> float | None:
@@ -257,8 +259,7 @@ def _route_cost(costs: ClassCosts, trace_route: str, cfg, cls: str) -> float | N
         key = "bf16" if cfg.quant == "off" or cfg.fp_weights == "device" else "w4a16"
     elif trace_route == "int8":  # the INT8 route that ran
         key = int8
-    elif trace_route == "nvfp4" and cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, int8,
-                                                                                   fp4_tensor_cores(cls)):
+    elif trace_route == "nvfp4" and _nvfp4_runs_int8(cls, cfg):
         key = int8
     else:
         key = trace_route
@@ -320,9 +321,8 @@ class Effect:
 
 
 def _bounds(cls: str, cfg, skip: float) -> tuple[float, float] | None:
+    # all NVFP4 … all INT8 decisions (where NVFP4 decisions run the INT8 route, _route_cost costs them so)
     routes = {"w8a8": ["int8"], "w4a4": ["nvfp4"], "w4a8": ["int8"], "off": ["fp16"]}.get(cfg.quant, ["nvfp4", "int8"])
-    if cfg.quant == "dmpq" and _routes.nvfp4_as_int8(cfg.nvfp4_route, _int8_route(cls, cfg), fp4_tensor_cores(cls)):
-        routes = ["int8"]  # NVFP4 decisions run the INT8 route on this class
     vals = [run_estimate(cls, cfg, {r: 1}, skip) for r in routes]
     if any(v is None for v in vals):
         return None

@@ -77,10 +77,10 @@ become NaN). Never finite garbage.
 Measured on H100s in session 36 (docs/ATTENTION.md "Session 36"): at 2B the whole call as the processor runs it
 1.33–1.35× cuDNN after the same norms (three probes), the kernel alone 1.32× cuDNN SDPA in ``attention_h100_s36.md``
 (whose cuDNN ran at 11.19 ms, against 11.5–12.0 in the probes) — these H100s' do_bench medians move ±3 % between
-rounds, the size of the gap to 1.35×. Tried there and dropped (``probe_overlap_h100_s36.json``, ``probe_tail*_h100_s36*.json``): the
-K/V pass of later heads on a second stream while the first heads' attention runs (slower in every form), and
-splitting the tiles of the last partial wave over their key blocks (a partial last wave costs nothing measurable:
-0.528–0.533 µs a tile at whole and partial last waves alike).
+rounds, the size of the gap to 1.35×. Tried there and dropped (``probe_overlap_h100_s36.json``,
+``probe_tail*_h100_s36*.json``): the K/V pass of later heads on a second stream while the first heads' attention runs
+(slower in every form), and splitting the tiles of the last partial wave over their key blocks (a partial last wave
+costs nothing measurable: 0.528–0.533 µs a tile at whole and partial last waves alike).
 
 Measured on the H200 (``benchmarks/results/attention_h200_s21.md``, docs/ATTENTION.md "Session 21"): at the
 CogVideoX 2B / 5B shapes, with 256-key tiles of 64 query rows, the kernel is 1.38× / 1.36× cuDNN bf16 SDPA
