@@ -24,6 +24,12 @@ relative L2 error vs fp32 of each — in about two minutes on an H200::
 at the new tile; session 21: ``attention_variants_h200_s21``), with the compiled kernel's registers and spills and the
 relative L2 with K outlier channels too.
 
+``--rounds R`` (default 1) times every row of a shape R times, interleaved (round 1 times each row once, then
+round 2, …; from round 2 on, each round in its own seeded shuffled order): a row's ms is the median of its R do_bench
+medians and its × cuDNN the median of the R paired ratios (min–max shown) — on the H100s of sessions 36–37 one
+do_bench median of the same call moved ±3–10 % between rounds (power capping), and in a fixed order the position
+of a row in the round shaped its number (``hopper_probe.py pvorder``).
+
 Writes ``<out>.json`` and ``<out>.md`` (device, versions, command); a section that fails is recorded.
 """
 
@@ -32,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
+import statistics
 import sys
 import time
 import traceback
@@ -216,7 +224,37 @@ def kv_pass_parts(name, k, v, block_n, log, timer=_ms):
     return rows
 
 
-def measure_shape(name, B, H, S, D, best, log):
+def _raises(e):
+    def fn():
+        raise e
+    return fn
+
+
+def _time_rounds(jobs, rounds, log, name):
+    """``jobs`` = [(row, fn)]: each row gets ``ms`` (the median over ``rounds`` interleaved do_bench medians) and
+    ``ms_rounds``, or ``error``; every fn runs once (compiles) before the first round."""
+    live = []
+    for row, fn in jobs:
+        try:
+            fn()
+            live.append((row, fn))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    torch.cuda.synchronize()
+    for row, _ in live:
+        row["ms_rounds"] = []
+    for r in range(rounds):
+        order = list(live)
+        if r:
+            random.Random(r).shuffle(order)
+        for row, fn in order:
+            row["ms_rounds"].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        log(f"  {name}: round {r + 1}/{rounds} done")
+    for row, _ in live:
+        row["ms"] = statistics.median(row["ms_rounds"])
+
+
+def measure_shape(name, B, H, S, D, best, log, rounds=1):
     cfg = tuple(best["config"])
     opts = dict(tma=best["tma"])
     res = {"shape": name, "B": B, "H": H, "S": S, "D": D, "config": list(cfg), **opts, "rows": []}
@@ -241,47 +279,57 @@ def measure_shape(name, B, H, S, D, best, log):
                 errors[m]["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         del ref
     q, k, v = _inputs(B, H, S, D, False)
+    jobs = []
     for m, fn in methods.items():
         row = {"method": m, **errors[m]}
-        try:
-            row["ms"] = _ms(fn, q, k, v)
-            row["tflops"] = _tflops(B, H, S, D, row["ms"])
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        res["rows"].append(row)
-        log(f"  {name}: {row}")
+        jobs.append((row, lambda fn=fn: fn(q, k, v)))
     for vname, qk, rot, hi in VARIANTS:
-        for part in ("attention kernel alone", "K/V pass alone"):
-            row = {"method": f"8-bit {vname}: {part}"}
-            try:
-                c = vcfg[vname]
-                if part.startswith("K/V"):
-                    row["ms"] = _ms(fa.quantize_kv, k, v, block_n=c[1], qk=qk, rotate=rot, hi_channels=hi)
-                else:
-                    kv = fa.quantize_kv(k, v, block_n=c[1], qk=qk, rotate=rot, hi_channels=hi)
-                    row["ms"] = _ms(fa.attention_fp8, q, kv, config=c, **opts)
-                    row["tflops"] = _tflops(B, H, S, D, row["ms"])
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            res["rows"].append(row)
-            log(f"  {name}: {row}")
+        c, kvo = vcfg[vname], dict(block_n=vcfg[vname][1], qk=qk, rotate=rot, hi_channels=hi)
+        try:
+            kv = fa.quantize_kv(k, v, **kvo)
+
+            def alone(kv=kv, c=c):
+                return fa.attention_fp8(q, kv, config=c, **opts)
+        except Exception as e:  # noqa: BLE001  (recorded by _time_rounds)
+            alone = _raises(e)
+        jobs.append(({"method": f"8-bit {vname}: attention kernel alone"}, alone))
+        jobs.append(({"method": f"8-bit {vname}: K/V pass alone"}, lambda kvo=kvo: fa.quantize_kv(k, v, **kvo)))
+    _time_rounds(jobs, rounds, log, name)
+    for row, _ in jobs:
+        if "ms" in row and "K/V pass alone" not in row["method"]:
+            row["tflops"] = _tflops(B, H, S, D, row["ms"])
+        res["rows"].append(row)
+        log(f"  {name}: { {kk: vv for kk, vv in row.items() if kk != 'ms_rounds'} }")
     res["rows"] += kv_pass_parts(name, k, v, vcfg["fp8"][1], log)
     base = next(r for r in res["rows"] if r["method"].startswith("cuDNN"))
     for r in res["rows"]:
         if "ms" in r and "ms" in base:
             r["speedup_vs_cudnn"] = base["ms"] / r["ms"]
+            if len(r.get("ms_rounds", ())) > 1 and len(base.get("ms_rounds", ())) == len(r["ms_rounds"]):
+                ratios = [c / t for c, t in zip(base["ms_rounds"], r["ms_rounds"])]
+                r["speedup_vs_cudnn"] = statistics.median(ratios)
+                r["speedup_range"] = [min(ratios), max(ratios)]
     return res
 
 
 def _cell(row, key, fmt):
-    return fmt.format(row[key]) if key in row else "—"
+    cell = fmt.format(row[key]) if key in row else "—"
+    if key == "speedup_vs_cudnn" and "speedup_range" in row:
+        cell += " ({:.2f}–{:.2f})".format(*row["speedup_range"])
+    return cell
+
+
+def _rounds_note(report):
+    r = report.get("rounds", 1)
+    return (f", each row the median of {r} interleaved rounds (shuffled order from the second) and × cuDNN the median "
+            f"of the {r} paired ratios (min–max)") if r > 1 else ""
 
 
 def to_markdown(report):
     lines = [f"# 8-bit attention vs SDPA on {report['device']}", "",
              f"`{report['command']}` — torch {report['torch']}, triton {report['triton']}, CUDA "
              f"{report['cuda']}, {report['date']}", "",
-             "do_bench medians; TFLOP/s = 4·B·H·S²·D / time; rel. L2 vs fp32 attention on "
+             f"do_bench medians{_rounds_note(report)}; TFLOP/s = 4·B·H·S²·D / time; rel. L2 vs fp32 attention on "
              f"{ERR_ROWS} random query rows (all keys); 'K outliers' = 5 K channels ×20.", ""]
     for s in report["shapes"]:
         if "error" in s:
@@ -314,6 +362,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output path without extension (writes .json and .md)")
     ap.add_argument("--sweep", action="store_true", help="tune tile configs and options first")
     ap.add_argument("--shapes", default="all", help="comma-separated shape indices (default all)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time each shape's rows in this many interleaved rounds (median; module docstring)")
     ap.add_argument("--variants", nargs="?", const="exp2", choices=sorted(VARIANT_SETS),
                     help="only the kernel's speed variants at the 2B shape against cuDNN: 'exp2' (SPEED_VARIANTS, "
                          "the default) or 'tiles' (TILE_VARIANTS)")
@@ -324,7 +374,7 @@ def main(argv=None):
               "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
               "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": "python -m benchmarks.attention " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "sweep": {}, "shapes": []}
+              "rounds": args.rounds, "sweep": {}, "shapes": []}
 
     def save():
         with open(args.out + ".json", "w") as fh:
@@ -363,7 +413,7 @@ def main(argv=None):
             if d != D:
                 continue
             try:
-                report["shapes"].append(measure_shape(name, B, H, S, D, best, log))
+                report["shapes"].append(measure_shape(name, B, H, S, D, best, log, rounds=args.rounds))
             except Exception:  # noqa: BLE001
                 report["shapes"].append({"shape": name, "error": traceback.format_exc()[-500:]})
             save()

@@ -35,6 +35,15 @@
   (``probe_tail_h100_s36.json``, ``_s36b`` with 9 rounds, ``_s36c`` with 150 single-call pairs) — and ``tailscan`` —
   the kernel at query lengths of 264–286 tiles a head (``probe_tailscan_h100_s36.json``: the same cost per tile,
   0.528–0.533 µs, at whole and partial last waves, so no tail to recover).
+* ``pvorder`` (session 37): the 8-bit attention with V's keys stored in the P·V key order (``attention_fp8``'s module
+  docstring; no register shuffles turning P into an MMA operand) against the module before it, loaded from the file
+  ``$SIXBIT_BASE_ATTN`` (default ``sixbit_kernels/_attention_fp8_base.py``, written by ``git show
+  2fb18ce:sixbit_kernels/attention_fp8.py``): the kernel alone, the K/V pass and the whole call as the processor runs
+  it, and the kernel alone on contiguous, normalized Q (as ``benchmarks.attention`` times it), each form and cuDNN
+  SDPA after the same norms in ``$ROUNDS`` (default 15) rounds, each round in its own shuffled order (seeded), with
+  the largest output difference between the two forms. (The first run, ``probe_pvorder_h100_s37_fixed_order.json``, timed the
+  rounds in one fixed order with do_bench means: there the whole call and the kernel alone disagreed by ±0.5 ms with
+  the order of the rows.)
 
 ``python benchmarks/hopper_probe.py PART OUT.json`` on a GPU."""
 
@@ -501,6 +510,78 @@ if part in ("all", "overlap"):  # session 36: hiding the K/V pass behind the att
     except Exception as e:  # noqa: BLE001
         res["pdl"] = repr(e)[:300]
     print("pdl", res["pdl"], flush=True)
+
+if part in ("all", "pvorder"):  # session 37: V in the P·V key order against the kernel before it
+    import importlib.util
+    import os
+    import random
+    import statistics
+
+    from sixbit_kernels.layernorm import layer_norm_rows
+
+    path = os.environ.get("SIXBIT_BASE_ATTN", "sixbit_kernels/_attention_fp8_base.py")
+    spec_ = importlib.util.spec_from_file_location("sixbit_kernels._attention_fp8_base", path)
+    base = importlib.util.module_from_spec(spec_)
+    sys.modules[spec_.name] = base  # its dataclass looks its module up
+    spec_.loader.exec_module(base)
+    rounds = int(os.environ.get("ROUNDS", "15"))
+    prows = []
+    for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
+        B, S, D, q, k, v, w, b, rope, norm, out_s = processor_inputs(H, rope_on)
+        if rope_on:  # the processor normalizes first where there is rotary (attention.NORM_ON_LOAD_ROTARY)
+            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
+
+        def whole(mod):
+            if rope_on:
+                qa, ka = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
+                return mod.attention_fp8(qa, mod.quantize_kv(ka, v), out=out_s)
+            return mod.attention_fp8(q, mod.quantize_kv(k, v, k_norm=norm), out=out_s, q_norm=norm)
+
+        def cudnn():
+            qc, kc = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
+            return F.scaled_dot_product_attention(qc, kc, v)
+
+        qa, ka, nq = (qn, kn, None) if rope_on else (q, k, norm)
+        kvs = {name: mod.quantize_kv(ka, v, k_norm=nq) for name, mod in (("new", A), ("base", base))}
+        qc = layer_norm_rows(q, w, b, 1e-6, rope=rope).contiguous()
+        oc = torch.empty_like(qc)
+        fns = {"cudnn_whole": cudnn,
+               **{f"{name}_whole": (lambda mod=mod: whole(mod)) for name, mod in (("new", A), ("base", base))},
+               **{f"{name}_kernel": (lambda mod=mod, kv=kvs[name]: mod.attention_fp8(qa, kv, out=out_s, q_norm=nq))
+                  for name, mod in (("new", A), ("base", base))},
+               **{f"{name}_kernel_contiguous": (lambda mod=mod, kv=kvs[name]: mod.attention_fp8(qc, kv, out=oc))
+                  for name, mod in (("new", A), ("base", base))},
+               **{f"{name}_kv_pass": (lambda mod=mod: mod.quantize_kv(ka, v, k_norm=nq))
+                  for name, mod in (("new", A), ("base", base))}}
+        got_new, got_base = whole(A).clone(), whole(base).clone()
+        ref = cudnn()
+        err = lambda o: float(formats.relative_error(o.float(), ref.float()))
+        row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "rounds": rounds,
+               "max_abs_diff_new_base": float((got_new.float() - got_base.float()).abs().max()),
+               "rel_l2_new_vs_cudnn": err(got_new), "rel_l2_base_vs_cudnn": err(got_base)}
+        times = {kk: [] for kk in fns}
+        for fn in fns.values():  # compile + warm every form before the first timed round
+            fn()
+        torch.cuda.synchronize()
+        for r in range(rounds):
+            order = list(fns)
+            random.Random(r).shuffle(order)
+            for kk in order:
+                times[kk].append(do_bench(fns[kk], warmup=25, rep=200, return_mode="median"))
+        row["ms_rounds"] = times
+        row["ms"] = {kk: statistics.median(t) for kk, t in times.items()}
+        for form in ("whole", "kernel", "kernel_contiguous", "kv_pass"):
+            pairs = [b_ / n_ for n_, b_ in zip(times[f"new_{form}"], times[f"base_{form}"])]
+            row[f"base_over_new_{form}"] = {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs)}
+        for form in ("whole", "kernel", "kernel_contiguous"):
+            for name in ("new", "base"):
+                xs = [c / t for c, t in zip(times["cudnn_whole"], times[f"{name}_{form}"])]
+                row[f"x_cudnn_{name}_{form}"] = {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+        prows.append(row)
+        print("pvorder", {kk: vv for kk, vv in row.items() if kk != "ms_rounds"}, flush=True)
+        del q, k, v, out_s, kvs, got_new, got_base, ref, qc, oc
+        torch.cuda.empty_cache()
+    res["pvorder"] = prows
 
 out = sys.argv[2] if len(sys.argv) > 2 else "ws_probe.json"
 json.dump(res, open(out, "w"), indent=1)

@@ -20,6 +20,16 @@ is its fast form. Two launches per call:
    multiplies by the V channel scales, divides by the row sum and stores in the caller's layout (a
    ``[B, S, H, D]`` buffer viewed as ``[B, H, S, D]`` makes the processor's transpose free).
 
+P·V key order (session 37). The P·V MMA takes P from registers, and the layout its A operand needs (per thread
+four consecutive keys, 8-bit) is not the one P's fp32 accumulator has (per thread pairs of consecutive keys): Triton
+moved P between the threads with 32 ``shfl.sync.idx`` + 32 ``prmt`` + 32 ``selp`` per thread and 256-key block
+(~11 % of the loop's instructions, counted in the sm_90 PTX). A sum over keys does not care about their order, so
+``KV8.v`` stores V's keys permuted within each group of :data:`PV_GROUP` = 32 — position k holds key c(k), c's bits
+(k0, k2, k3, k1, k4) — and the kernel reorders P's columns the same way (``_pv_order``: a reshape and permute of bit
+axes, which on sm_80–90 and sm_120 land on the registers each thread already holds: the shuffles are gone from
+the PTX). The result is the same sum in another order. Key blocks smaller than 32 (the interpreter tests' 16-key
+tiles) keep the natural order; :func:`pv_key_order` says which key each position of ``KV8.v`` holds.
+
 Formats. ``qk="fp8"`` puts Q and K in e4m3 (scale amax/448), ``qk="int8"`` in int8 (scale amax/127,
 int32 accumulators). ``rotate=True`` multiplies Q and K by the same ±1 Sylvester-Hadamard matrix (QKᵀ is
 unchanged up to the factor D, folded into ``c``): it spreads outlier channels over all channels, which
@@ -73,6 +83,11 @@ default S_kv) ends each batch's keys; full key blocks run unmasked, the one part
 Non-finite input (tested): a NaN/Inf in a Q row makes that output row NaN; a NaN/Inf anywhere in K or V
 of a (batch, head) makes that head's whole output NaN (the statistics flag the head and its V scales
 become NaN). Never finite garbage.
+
+Measured on H100s in session 37 (docs/ATTENTION.md "Session 37"): the P·V key order made the kernel ≈ 2 % faster
+(``probe_pvorder_h100_s37.json``: against session 36's module in 15 shuffled rounds, outputs identical); the kernel
+alone 1.41× / 1.41× cuDNN SDPA at 2B / 5B and the whole call 1.36× / 1.35× (``attention_h100_s37.md``, medians of 5
+paired rounds; 1.39× / 1.37× in ``attention_h100_s37b.md``).
 
 Measured on H100s in session 36 (docs/ATTENTION.md "Session 36"): at 2B the whole call as the processor runs it
 1.33–1.35× cuDNN after the same norms (three probes), the kernel alone 1.32× cuDNN SDPA in ``attention_h100_s36.md``
@@ -145,6 +160,9 @@ PIPELINED = {32: False, 64: False, 128: False}
 WARP_SPECIALIZE = False
 #: the compiled attention kernel of the last launch (registers, spills, shared memory for the benchmark)
 LAST_LAUNCH: dict = {}
+#: keys per group of ``KV8.v``'s P·V key order (module docstring; the kernels' literal 32); key blocks that are not a
+#: multiple of it keep the natural order
+PV_GROUP = 32
 #: ``hi_channels`` the kernel takes besides 0 (one bf16 MMA of reduction 16; docs/ATTENTION.md; H200: 2.3× slower)
 HI_CHANNELS = 16
 
@@ -154,8 +172,8 @@ class KV8:
     """Quantized K/V of one attention call (``quantize_kv``'s output, ``attention_fp8``'s input).
 
     ``k`` ``[BH, S_pad, D]`` e4m3 or int8 codes of the smoothed (rotated) K; ``k_scale`` ``[BH, S_pad /
-    block_n]`` fp32; ``v`` ``[BH, D, S_pad]`` e4m3 (transposed); ``v_scale`` ``[BH, D]`` fp32 (NaN for a
-    head with non-finite K or V); ``hi_idx`` / ``k_hi``: the channels kept in bf16 (``hi_channels``)."""
+    block_n]`` fp32; ``v`` ``[BH, D, S_pad]`` e4m3 (transposed, its keys in the P·V key order of
+    :func:`pv_key_order`); ``v_scale`` ``[BH, D]`` fp32 (NaN for a head with non-finite K or V); ``hi_idx`` / ``k_hi``: the channels kept in bf16 (``hi_channels``)."""
 
     k: torch.Tensor
     k_scale: torch.Tensor
@@ -261,6 +279,17 @@ def _dot16(a, b, INTERP: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _pv_order(x, R: tl.constexpr, C: tl.constexpr, KEYS_AXIS: tl.constexpr):
+    """``x`` ``[R, C]`` with its keys (columns if ``KEYS_AXIS`` = 1, rows if 0) in the P·V key order: within
+    each group of 32, position k takes key c(k), c's bits (k0, k2, k3, k1, k4) (module docstring)."""
+    if KEYS_AXIS == 1:
+        y = tl.permute(tl.reshape(x, (R, C // 32, 2, 2, 2, 2, 2)), (0, 1, 2, 4, 5, 3, 6))
+    else:
+        y = tl.permute(tl.reshape(x, (R // 32, 2, 2, 2, 2, 2, C)), (0, 1, 3, 4, 2, 5, 6))
+    return tl.reshape(y, (R, C))
 
 
 @triton.jit
@@ -454,6 +483,8 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
     v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
     vinv, _ = _amax_to_scale(tl.load(vamax_ptr + bh * D + d), 448.0)
     v8 = _e4m3(v.to(tl.float32) * vinv[None, :], INTERP)
+    if BLOCK_N % 32 == 0:  # the P·V key order (module docstring; PV_GROUP)
+        v8 = _pv_order(v8, BLOCK_N, D, 0)
     tl.store(v8_ptr + bh.to(tl.int64) * D * S_pad + d[None, :] * S_pad + r64[:, None], v8)
 
 
@@ -565,7 +596,10 @@ def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, 
         vt = v_desc.load([bh * D, start]).T
     else:
         vt = tl.trans(tl.load(v8_base + d[:, None] * S_pad + n[None, :]))  # [BLOCK_N, D], read as [D, BLOCK_N] rows
-    acc = _dot8(_e4m3(p, INTERP), vt, acc * alpha[:, None], INTERP)
+    p8 = _e4m3(p, INTERP)
+    if BLOCK_N % 32 == 0:  # V8's keys are stored in this order (module docstring, "P·V key order"; PV_GROUP)
+        p8 = _pv_order(p8, BLOCK_M, BLOCK_N, 1)
+    acc = _dot8(p8, vt, acc * alpha[:, None], INTERP)
     return acc, l_i, m_new
 
 
@@ -731,6 +765,16 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     return out
 
 
+def pv_key_order(n: int, block_n: int) -> torch.Tensor:
+    """``[n]`` int64: the key each position of a ``KV8.v`` row of ``n`` (= S_pad) keys holds, for K/V quantized in
+    blocks of ``block_n`` — ``kv.v[..., j]`` is key ``pv_key_order(n, block_n)[j]``'s (module docstring, "P·V key
+    order"); the identity where ``block_n`` is not a multiple of :data:`PV_GROUP`."""
+    idx = torch.arange(n)
+    if block_n % PV_GROUP or n % PV_GROUP:
+        return idx
+    return idx.reshape(-1, 2, 2, 2, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(n)
+
+
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str = "fp8", rotate: bool = False,
                   smooth: bool = True, sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
@@ -768,4 +812,4 @@ def _check_qkv(q, k, v, qk):
 
 
 __all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "HI_CHANNELS", "quantize_kv", "attention_fp8",
-           "fp8_attention", "supported", "exp2_tile"]
+           "fp8_attention", "supported", "exp2_tile", "pv_key_order", "PV_GROUP"]

@@ -113,12 +113,14 @@ def test_kv_stats_match_the_spec(case, smooth):
         assert bad.tolist() == [[True, smooth, False], [False, False, True]]  # K's inf counts only when smoothing
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
 @pytest.mark.parametrize("qk,rotate", [("fp8", False), ("int8", False), ("int8", True), ("fp8", True)])
-def test_kv_pass_matches_the_spec(qk, rotate):
+def test_kv_pass_matches_the_spec(qk, rotate, block_n):
+    """Bit for bit the spec's codes; V's keys in the P·V key order from 32-key blocks on (natural order below)."""
     q, k, v = _qkv(S=45, D=32)
     k[..., 3] *= 20  # an outlier channel
-    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=16, qk=qk, rotate=rotate)
-    ref = spec.attention_quantize_kv(k, v, block_n=16, qk=qk, rotate=rotate, stats=_kernel_stats(k, v))
+    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=block_n, qk=qk, rotate=rotate)
+    ref = spec.attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, stats=_kernel_stats(k, v))
     B, H, S_pad, D = ref["k"].shape
     assert kv.k.shape == (B * H, S_pad, D) and kv.v.shape == (B * H, D, S_pad)
     torch.testing.assert_close(kv.k_scale.cpu(), ref["k_scale"].view(B * H, -1), rtol=0 if not rotate else 1e-6,
@@ -128,9 +130,36 @@ def test_kv_pass_matches_the_spec(qk, rotate):
         assert float((k8 != ref["k"]).float().mean()) < 0.01
     else:
         assert torch.equal(k8, ref["k"])
-    assert torch.equal(kv.v.float().cpu().view(B, H, D, S_pad).transpose(-1, -2), ref["v"])
+    order = fa.pv_key_order(S_pad, block_n)
+    assert torch.equal(kv.v.float().cpu().view(B, H, D, S_pad).transpose(-1, -2), ref["v"][:, :, order])
     assert torch.equal(kv.v_scale.cpu(), ref["v_scale"].view(B * H, D))
     assert torch.equal(k8[:, :, 45:], torch.zeros_like(k8[:, :, 45:]))  # padding is zero
+
+
+def test_pv_key_order():
+    """Within each group of 32 keys position k holds key c(k), c's bits (k0, k2, k3, k1, k4): a permutation of each
+    group, so P·V sums the same products; blocks that are not a multiple of 32 keep the natural order."""
+    order = fa.pv_key_order(96, 32)
+    assert torch.equal(fa.pv_key_order(256, 256)[:96], order)
+    k = torch.arange(32)
+    bit = [(k >> i) & 1 for i in range(5)]
+    c = bit[0] | bit[2] << 1 | bit[3] << 2 | bit[1] << 3 | bit[4] << 4
+    assert torch.equal(order, torch.cat([c, c + 32, c + 64]))
+    assert order.tolist()[:8] == [0, 1, 8, 9, 2, 3, 10, 11]  # one thread's 4 operand keys = its 2 accumulator pairs
+    assert torch.equal(order.sort().values, torch.arange(96))
+    assert torch.equal(fa.pv_key_order(48, 16), torch.arange(48))
+
+
+@pytest.mark.parametrize("S_kv,kv_len", [(70, None), (64, [64, 33, 1])])
+def test_attention_in_the_pv_key_order_matches_the_spec(S_kv, kv_len):
+    """32-key blocks (the P·V key order; the GPU's CFG and every production tile): a padded last block, per-batch key
+    lengths that end inside a group, a non-finite Q row."""
+    q, k, v = _qkv(B=1 if kv_len is None else 3, S=23, S_kv=S_kv, D=32, seed=S_kv)
+    q[0, 1, 4, 2] = float("inf")
+    lens = None if kv_len is None else torch.tensor(kv_len)
+    out, ref = _run(q, k, v, config=(32, 32, 4, 2) if DEV == "cpu" else CFG, kv_len=lens)
+    assert bool(torch.isnan(out[0, 1, 4]).all())
+    _close(out, ref)
 
 
 @pytest.mark.parametrize("S,S_kv,D", [(45, 45, 32), (33, 70, 64), (17, 31, 128)])
