@@ -318,6 +318,8 @@ class Effect:
     at_skip: tuple[float, float] | None
     weight_ratio: float | None
     sources: tuple[str, ...]
+    #: how far the class's unit-cost model is from the runs it was not fitted to (``UnitCosts.fit``; "" if unchecked)
+    fit: str = ""
 
 
 def _bounds(cls: str, cfg, skip: float) -> tuple[float, float] | None:
@@ -340,7 +342,8 @@ def expected_effect(cfg, cls: str, shape: TransformerShape | None = None, skip: 
         ratio = None  # the offloaded originals stay in the same (host) memory
     sources = tuple(dict.fromkeys((*(costs.sources if costs else ()), *((wsrc,) if wsrc else ()))))
     if cfg.quant == "off" and not cfg.tdc:
-        return Effect(cls, True, (1.0, 1.0), None, None, 1.0, sources)
+        return Effect(cls, True, (1.0, 1.0), None, None, 1.0, sources, costs.fit if costs else "")
     computed = _bounds(cls, cfg, 0.0) if costs else None
     at_skip = _bounds(cls, cfg, skip) if costs and cfg.tdc else None
-    return Effect(cls, costs is not None, computed, skip if cfg.tdc else None, at_skip, ratio, sources)
+    return Effect(cls, costs is not None, computed, skip if cfg.tdc else None, at_skip, ratio, sources,
+                  costs.fit if costs else "")

@@ -143,6 +143,7 @@ def test_weight_ratios_are_the_engines_counts(file, size, shape):
 def test_the_papers_routes_on_hopper_are_a_memory_win_and_the_int8_tensor_core_routes_are_faster():
     paper = costs.expected_effect(SixBitConfig.preset("balanced", **PAPER), "sm_90", TWO_B)
     assert paper.measured and paper.weight_ratio == pytest.approx(2.2891)
+    assert paper.fit == costs.UNIT_COSTS["sm_90"].fit != ""  # the model's error against runs it was not fitted to
     lo, hi = paper.computed
     # NVFP4 (1.36) and INT8 (1.19) decisions cost more than bf16 per call: the computed step gains only from the
     # 8-bit attention and the fused norms
@@ -157,7 +158,7 @@ def test_the_papers_routes_on_hopper_are_a_memory_win_and_the_int8_tensor_core_r
 @pytest.mark.parametrize("cls", ["sm_120", "sm_100", "sm_80-89", "sm_<80", "cuda"])
 def test_unmeasured_classes_give_no_speed_number(cls):
     e = costs.expected_effect(SixBitConfig.preset("balanced"), cls, TWO_B)
-    assert not e.measured and e.computed is None and e.at_skip is None
+    assert not e.measured and e.computed is None and e.at_skip is None and e.fit == ""
     assert e.weight_ratio == pytest.approx(2.2891)  # bytes are device-independent on GPUs
     assert costs.run_estimate(cls, SixBitConfig.preset("balanced"), {"nvfp4": 10}, 0.0) is None
 

@@ -83,9 +83,8 @@ def expected_markdown(cfg, cls: str, shape: costs.TransformerShape | None, prese
                      f"at 16-bit rate, so this setting optimises **{opt}**, not speed; the speed comes from "
                      f"{_rest_of_speed(cls)}. " + SPEED_ALTERNATIVE)
     if e.sources:
-        fit = costs.UNIT_COSTS[cls].fit if cls in costs.UNIT_COSTS else ""
         lines.append("Model from measured unit costs: " + ", ".join(f"`{s}`" for s in e.sources) + " (sixbit/costs.py"
-                     + (f"; {fit}" if fit else "") + ").")
+                     + (f"; {e.fit}" if e.fit else "") + ").")
     return "\n\n".join(lines)
 
 
