@@ -87,7 +87,8 @@ become NaN). Never finite garbage.
 Measured on H100s in session 37 (docs/ATTENTION.md "Session 37"): the P·V key order made the kernel ≈ 2 % faster
 (``probe_pvorder_h100_s37.json``: against session 36's module in 15 shuffled rounds, outputs identical); the kernel
 alone 1.41× / 1.41× cuDNN SDPA at 2B / 5B and the whole call 1.36× / 1.35× (``attention_h100_s37.md``, medians of 5
-paired rounds; 1.39× / 1.37× in ``attention_h100_s37b.md``).
+paired rounds; 1.39× / 1.37× in ``attention_h100_s37b.md``); on the H200 the kernel alone 1.39× / 1.38× and the
+whole call 1.36× / 1.36× (``attention_h200_s37.md``).
 
 Measured on H100s in session 36 (docs/ATTENTION.md "Session 36"): at 2B the whole call as the processor runs it
 1.33–1.35× cuDNN after the same norms (three probes), the kernel alone 1.32× cuDNN SDPA in ``attention_h100_s36.md``
