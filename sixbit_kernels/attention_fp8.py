@@ -26,8 +26,8 @@ moved P between the threads with 32 ``shfl.sync.idx`` + 32 ``prmt`` + 32 ``selp`
 (~11 % of the loop's instructions, counted in the sm_90 PTX). A sum over keys does not care about their order, so
 ``KV8.v`` stores V's keys permuted within each group of :data:`PV_GROUP` = 32 — position k holds key c(k), c's bits
 (k0, k2, k3, k1, k4) — and the kernel reorders P's columns the same way (``_pv_order``: a reshape and permute of bit
-axes, which on sm_80–90 and sm_120 land on the registers each thread already holds: the shuffles are gone from
-the PTX). The result is the same sum in another order. Key blocks smaller than 32 (the interpreter tests' 16-key
+axes, which on sm_89, sm_90 and sm_120 land on the registers each thread already holds: the shuffles are gone
+from the PTX). The result is the same sum in another order. Key blocks smaller than 32 (the interpreter tests' 16-key
 tiles) keep the natural order; :func:`pv_key_order` says which key each position of ``KV8.v`` holds.
 
 Formats. ``qk="fp8"`` puts Q and K in e4m3 (scale amax/448), ``qk="int8"`` in int8 (scale amax/127,
@@ -174,7 +174,8 @@ class KV8:
 
     ``k`` ``[BH, S_pad, D]`` e4m3 or int8 codes of the smoothed (rotated) K; ``k_scale`` ``[BH, S_pad /
     block_n]`` fp32; ``v`` ``[BH, D, S_pad]`` e4m3 (transposed, its keys in the P·V key order of
-    :func:`pv_key_order`); ``v_scale`` ``[BH, D]`` fp32 (NaN for a head with non-finite K or V); ``hi_idx`` / ``k_hi``: the channels kept in bf16 (``hi_channels``)."""
+    :func:`pv_key_order`); ``v_scale`` ``[BH, D]`` fp32 (NaN for a head with non-finite K or V); ``hi_idx`` /
+    ``k_hi``: the channels kept in bf16 (``hi_channels``)."""
 
     k: torch.Tensor
     k_scale: torch.Tensor
