@@ -341,9 +341,9 @@ def expected_effect(cfg, cls: str, shape: TransformerShape | None = None, skip: 
     if cls == "cpu" and fmt != "bf16":
         ratio = None  # the offloaded originals stay in the same (host) memory
     sources = tuple(dict.fromkeys((*(costs.sources if costs else ()), *((wsrc,) if wsrc else ()))))
+    fit = costs.fit if costs else ""
     if cfg.quant == "off" and not cfg.tdc:
-        return Effect(cls, True, (1.0, 1.0), None, None, 1.0, sources, costs.fit if costs else "")
+        return Effect(cls, True, (1.0, 1.0), None, None, 1.0, sources, fit)
     computed = _bounds(cls, cfg, 0.0) if costs else None
     at_skip = _bounds(cls, cfg, skip) if costs and cfg.tdc else None
-    return Effect(cls, costs is not None, computed, skip if cfg.tdc else None, at_skip, ratio, sources,
-                  costs.fit if costs else "")
+    return Effect(cls, costs is not None, computed, skip if cfg.tdc else None, at_skip, ratio, sources, fit)

@@ -161,9 +161,9 @@ PIPELINED = {32: False, 64: False, 128: False}
 WARP_SPECIALIZE = False
 #: the compiled attention kernel of the last launch (registers, spills, shared memory for the benchmark)
 LAST_LAUNCH: dict = {}
-#: keys per group of ``KV8.v``'s P·V key order (module docstring; the kernels' literal 32); key blocks that are not a
-#: multiple of it keep the natural order
-PV_GROUP = 32
+#: keys per group of ``KV8.v``'s P·V key order (module docstring; ``_pv_order`` in the kernels, :func:`pv_key_order`);
+#: key blocks that are not a multiple of it keep the natural order
+PV_GROUP = tl.constexpr(32)
 #: ``hi_channels`` the kernel takes besides 0 (one bf16 MMA of reduction 16; docs/ATTENTION.md; H200: 2.3× slower)
 HI_CHANNELS = 16
 
@@ -286,12 +286,13 @@ def _dot16(a, b, INTERP: tl.constexpr):
 @triton.jit
 def _pv_order(x, R: tl.constexpr, C: tl.constexpr, KEYS_AXIS: tl.constexpr):
     """``x`` ``[R, C]`` with its keys (columns if ``KEYS_AXIS`` = 1, rows if 0) in the P·V key order: within
-    each group of 32, position k takes key c(k), c's bits (k0, k2, k3, k1, k4) (module docstring)."""
-    if KEYS_AXIS == 1:
-        y = tl.permute(tl.reshape(x, (R, C // 32, 2, 2, 2, 2, 2)), (0, 1, 2, 4, 5, 3, 6))
-    else:
-        y = tl.permute(tl.reshape(x, (R // 32, 2, 2, 2, 2, 2, C)), (0, 1, 3, 4, 2, 5, 6))
-    return tl.reshape(y, (R, C))
+    each group of :data:`PV_GROUP` = 32, position k takes key c(k), c's bits (k0, k2, k3, k1, k4) (module
+    docstring); ``x`` as it is where its keys are not a multiple of the group (the natural order)."""
+    if KEYS_AXIS == 1 and C % PV_GROUP.value == 0:
+        x = tl.reshape(tl.permute(tl.reshape(x, (R, C // 32, 2, 2, 2, 2, 2)), (0, 1, 2, 4, 5, 3, 6)), (R, C))
+    elif KEYS_AXIS == 0 and R % PV_GROUP.value == 0:
+        x = tl.reshape(tl.permute(tl.reshape(x, (R // 32, 2, 2, 2, 2, 2, C)), (0, 1, 3, 4, 2, 5, 6)), (R, C))
+    return x
 
 
 @triton.jit
@@ -484,9 +485,7 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
     tl.store(ks_ptr + bh * (S_pad // BLOCK_N) + j, scale)
     v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
     vinv, _ = _amax_to_scale(tl.load(vamax_ptr + bh * D + d), 448.0)
-    v8 = _e4m3(v.to(tl.float32) * vinv[None, :], INTERP)
-    if BLOCK_N % 32 == 0:  # the P·V key order (module docstring; PV_GROUP)
-        v8 = _pv_order(v8, BLOCK_N, D, 0)
+    v8 = _pv_order(_e4m3(v.to(tl.float32) * vinv[None, :], INTERP), BLOCK_N, D, 0)  # the P·V key order
     tl.store(v8_ptr + bh.to(tl.int64) * D * S_pad + d[None, :] * S_pad + r64[:, None], v8)
 
 
@@ -598,9 +597,7 @@ def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, 
         vt = v_desc.load([bh * D, start]).T
     else:
         vt = tl.trans(tl.load(v8_base + d[:, None] * S_pad + n[None, :]))  # [BLOCK_N, D], read as [D, BLOCK_N] rows
-    p8 = _e4m3(p, INTERP)
-    if BLOCK_N % 32 == 0:  # V8's keys are stored in this order (module docstring, "P·V key order"; PV_GROUP)
-        p8 = _pv_order(p8, BLOCK_M, BLOCK_N, 1)
+    p8 = _pv_order(_e4m3(p, INTERP), BLOCK_M, BLOCK_N, 1)  # the order V8's keys are stored in (module docstring)
     acc = _dot8(p8, vt, acc * alpha[:, None], INTERP)
     return acc, l_i, m_new
 
@@ -772,7 +769,7 @@ def pv_key_order(n: int, block_n: int) -> torch.Tensor:
     blocks of ``block_n`` — ``kv.v[..., j]`` is key ``pv_key_order(n, block_n)[j]``'s (module docstring, "P·V key
     order"); the identity where ``block_n`` is not a multiple of :data:`PV_GROUP`."""
     idx = torch.arange(n)
-    if block_n % PV_GROUP or n % PV_GROUP:
+    if block_n % PV_GROUP.value or n % PV_GROUP.value:
         return idx
     return idx.reshape(-1, 2, 2, 2, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(n)
 
