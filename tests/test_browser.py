@@ -103,12 +103,9 @@ def test_page_before_any_run(page):
     page.keyboard.press("Escape")
 
 
-def test_generate_in_browser(page):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    prompt = app.example_prompts(app.store().default_id)[0]
-    page.locator("#prompt textarea").fill(prompt)
+def _generate(page):
+    """Type the first example prompt, click Generate with a small size, and wait until the run is done."""
+    page.locator("#prompt textarea").fill(app.example_prompts(app.store().default_id)[0])
     _set_small(page)
     page.locator("#generate").click()
     # live: the status shows step and ETA while running
@@ -118,6 +115,22 @@ def test_generate_in_browser(page):
                            " || document.querySelector('.sb-status[data-state=\"error\"]') !== null",
                            timeout=300_000)
     assert page.locator(".sb-status[data-state=done]").count() == 1, page.locator("#sb-status-box").inner_text()
+
+
+def _open_advanced(page, field: str):
+    """Open the Advanced panel unless an earlier test did, and wait until ``field`` shows."""
+    box = page.locator(field).first
+    if not box.is_visible():
+        page.locator("#advanced").get_by_text("Advanced").first.click()
+    box.wait_for(state="visible", timeout=30_000)
+    return box
+
+
+def test_generate_in_browser(page):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    _generate(page)
     for vid in ("video-baseline", "video-sixbit"):
         # one condition, polled until it holds: a decoded frame, time advancing and not paused (a paused element
         # is nudged with play(); Gradio may swap the <video> element while later outputs render, so a separate
@@ -211,6 +224,11 @@ BAD = [  # (input selector, typed value, message): every case names its field
 def test_a_round_of_bad_inputs_in_the_browser(page):
     """Issue 16's target through Chromium: each bad value is refused with its field named, shown as text
     (never rendered as HTML), and the page keeps its last good run."""
+    # what the round needs whether or not the module's earlier tests ran (``-k bad_inputs`` alone): a
+    # finished run to keep, a prompt in the box (an empty one is refused first), the Advanced fields shown
+    if page.locator(".sb-status[data-state=done]").count() == 0:
+        _generate(page)
+    _open_advanced(page, "#adv-tau input")
     good = {}
     for sel, value, message in BAD:
         box = page.locator(sel).first
@@ -233,10 +251,7 @@ def test_preset_fills_the_advanced_fields(page):
     from sixbit import SixBitConfig
 
     page.get_by_text("Aggressive", exact=True).click()
-    field = page.locator("#adv-tdc_threshold input[type=number]")
-    if not field.is_visible():  # opened by an earlier test, or not
-        page.locator("#advanced").get_by_text("Advanced").first.click()
-    field.wait_for(state="visible", timeout=30_000)
+    _open_advanced(page, "#adv-tdc_threshold input[type=number]")
     want = SixBitConfig.preset("aggressive").tdc_threshold
     page.wait_for_function("([sel, want]) => Math.abs(parseFloat(document.querySelector(sel).value) - want) < 1e-9",
                            arg=["#adv-tdc_threshold input[type=number]", want], timeout=30_000)
