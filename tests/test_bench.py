@@ -175,6 +175,38 @@ def test_attention_accuracy_study_writes_every_row(out):
     assert all(both16[c] < e[c] for e in err.values() if e is not both16 for c in ("normal", "K outliers"))
     md = (out / "aa.md").read_text()
     assert f"| e4m3 + 8 K channels in bf16 | {split['normal']:.2%} | {split['K outliers']:.2%} |" in md
+    two = data["two_term"]["relative_l2"]  # the two-term study: every pair, both inputs, one markdown row per QKᵀ
+    assert set(two) == {f"{a} | {b}" for a, _ in attention_accuracy.SPLIT_QK for b, _ in attention_accuracy.SPLIT_PV}
+    assert all(0 < e[c] < 1 for e in two.values() for c in ("normal", "K outliers"))
+    cell = two["e4m3, 2 terms on all 64 channels | V in 2 terms"]
+    assert "| e4m3, 2 terms on all 64 channels | ×3 | " in md and f"{cell['normal']:.2%} / {cell['K outliers']:.2%}" in md
+
+
+def test_two_term_study_starts_from_the_spec_and_each_term_helps():
+    """``attention_accuracy.two_term_study``: its one-term cell is the spec's attention (up to where the row
+    maximum is taken), a second e4m3 term is the residual on the same scale, and each added term lowers the error
+    where the study says it does (K outliers: the QKᵀ terms on K's largest channels; P·V: V's then P's)."""
+    from sixbit import formats as spec
+
+    x = torch.randn(1000) * 30
+    hi, lo = attention_accuracy._e4m3_terms(x)
+    assert torch.equal(hi, x.to(torch.float8_e4m3fn).float())
+    assert (x - hi - lo).abs().max() < 0.2 * (x - hi).abs().max()
+    assert attention_accuracy.qk_work(None) == attention_accuracy.qk_work(0) == 1 and attention_accuracy.qk_work(16) == 1.5
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 1, n, 64, generator=g) for n in (24, 600, 600))
+    k[..., :5] *= 20
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    exact = torch.softmax(q.float() @ k.float().transpose(-1, -2) / 8, -1) @ v.float()
+    err = {key: float(spec.relative_error(o, exact)) for key, o in attention_accuracy.two_term_study(q, k, v).items()}
+    today = err["e4m3 (today's kernel) | P, V e4m3 (today)"]
+    assert today == pytest.approx(float(spec.relative_error(spec.attention_fp8_reference(q, k, v, block_n=256), exact)),
+                                  rel=0.1)
+    assert err["e4m3 + 2nd terms on K's 8 largest channels | P, V e4m3 (today)"] < 0.4 * today
+    for qk in ("QKᵀ in fp32", "e4m3 + 2nd terms on K's 16 largest channels", "e4m3, 2 terms on all 64 channels"):
+        one, v2, pv2 = (err[f"{qk} | {pv}"] for pv, _ in attention_accuracy.SPLIT_PV)
+        assert pv2 < v2 < one, qk
+    assert err["QKᵀ in fp32 | P and V in 2 terms"] < 0.002
 
 
 def test_quality_same_skips_row_needs_its_source_first(out):
