@@ -50,6 +50,7 @@
 # ruff: noqa: B023, E731  (each lambda is timed inside the iteration that made it)
 import json
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -73,19 +74,55 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=200)
 
 
-def processor_inputs(H, rope_on):
-    """What CogVideoX's attention processor holds at the 2B / 5B shapes (``normload``, ``overlap``): the raw q/k/v
-    projections as strided ``[B, H, S, D]`` views, the q/k LayerNorm's weight and bias, the rotary tables (5B), their
-    ``RowNorm`` and a strided output buffer."""
-    from sixbit_kernels.layernorm import RowNorm
+@dataclass
+class ProcessorInputs:
+    """What CogVideoX's attention processor holds at the 2B / 5B shapes (``normload``, ``overlap``, ``pvorder``): the
+    raw q/k/v projections as strided ``[B, H, S, D]`` views, the q/k LayerNorm's weight and bias, the rotary tables
+    (5B), their ``RowNorm`` and a strided output buffer — with the processor's 8-bit call and cuDNN after the same
+    norms."""
 
-    B, S, D, T = 2, 17776, 64, 226
-    q, k, v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2) * 2 + 0.3 for _ in range(3))
-    w, b = (torch.randn(2, D, device=dev) * 0.3 + torch.tensor([[1.0], [0.0]], device=dev)).to(torch.bfloat16)
-    ang = torch.randn(S - T, D // 2, device=dev)
-    rope = (ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1), T) if rope_on else None
-    out_s = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
-    return B, S, D, q, k, v, w, b, rope, RowNorm(w, b, 1e-6, rope), out_s
+    H: int
+    rope_on: bool
+    B: int = 2
+    S: int = 17776
+    D: int = 64
+
+    def __post_init__(self):
+        from sixbit_kernels.layernorm import RowNorm
+
+        B, S, H, D, T = self.B, self.S, self.H, self.D, 226
+        self.q, self.k, self.v = (torch.randn(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2) * 2 + 0.3
+                                  for _ in range(3))
+        self.w, self.b = (torch.randn(2, D, device=dev) * 0.3
+                          + torch.tensor([[1.0], [0.0]], device=dev)).to(torch.bfloat16)
+        ang = torch.randn(S - T, D // 2, device=dev)
+        self.rope = (ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1), T) if self.rope_on else None
+        self.norm = RowNorm(self.w, self.b, 1e-6, self.rope)
+        self.out = torch.empty(B, S, H, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+
+    @property
+    def shape(self):
+        return self.B, self.H, self.S, self.D
+
+    def normed(self):
+        """q and k after ``layer_norm_rows`` (+ rotary): the norm applied first."""
+        from sixbit_kernels.layernorm import layer_norm_rows
+
+        return tuple(layer_norm_rows(t, self.w, self.b, 1e-6, rope=self.rope) for t in (self.q, self.k))
+
+    def call_inputs(self):
+        """(q, k, norm) as the processor passes them: normalized first where there is rotary
+        (``attention.NORM_ON_LOAD_ROTARY``), raw with the norm applied on load otherwise."""
+        return (*self.normed(), None) if self.rope_on else (self.q, self.k, self.norm)
+
+    def call(self, mod=A):
+        """The whole 8-bit call as the processor runs it, with attention module ``mod``."""
+        qa, ka, n = self.call_inputs()
+        return mod.attention_fp8(qa, mod.quantize_kv(ka, self.v, k_norm=n), out=self.out, q_norm=n)
+
+    def cudnn(self):
+        """cuDNN SDPA (bf16) after the same norms."""
+        return F.scaled_dot_product_attention(*self.normed(), self.v)
 
 
 if part in ("all", "gemm"):  # session 29: the decode-once GEMM (now persistent) against cuBLAS
@@ -331,37 +368,33 @@ if part in ("all", "normload"):  # session 32: q/k norm (+ rotary) on load vs no
 
     nrows = []
     for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
-        B, S, D, q, k, v, w, b, rope, norm, out_s = processor_inputs(H, rope_on)
+        p = ProcessorInputs(H, rope_on)
 
         def first():
-            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
-            return A.attention_fp8(qn, A.quantize_kv(kn, v), out=out_s)
+            qn, kn = p.normed()
+            return A.attention_fp8(qn, A.quantize_kv(kn, p.v), out=p.out)
 
         def on_load():
-            return A.attention_fp8(q, A.quantize_kv(k, v, k_norm=norm), out=out_s, q_norm=norm)
-
-        def cudnn():
-            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
-            return F.scaled_dot_product_attention(qn, kn, v)
+            return A.attention_fp8(p.q, A.quantize_kv(p.k, p.v, k_norm=p.norm), out=p.out, q_norm=p.norm)
 
         ref = first().clone()
         got = on_load().clone()
         diff = float((got.float() - ref.float()).abs().max())
         rel = float((got.float() - ref.float()).norm() / ref.float().norm())
-        t_first, t_load, t_cudnn = bench(first), bench(on_load), bench(cudnn)
-        t_norm = bench(lambda: layer_norm_rows(q, w, b, 1e-6, rope=rope))
+        t_first, t_load, t_cudnn = bench(first), bench(on_load), bench(p.cudnn)
+        t_norm = bench(lambda: layer_norm_rows(p.q, p.w, p.b, 1e-6, rope=p.rope))
         warps, A.KV_NORM_WARPS = A.KV_NORM_WARPS, 4  # the K passes' warps with the norm on load: 4 against the default
         same4 = bool(torch.equal(on_load(), got))
         t_load4 = bench(on_load)
         A.KV_NORM_WARPS = warps
-        row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "norm_first_ms": t_first, "norm_on_load_ms": t_load,
+        row = {"size": size, "shape": p.shape, "rope": rope_on, "norm_first_ms": t_first, "norm_on_load_ms": t_load,
                "saved_ms": t_first - t_load, "one_norm_ms": t_norm,
                "norm_on_load_kv_4_warps_ms": t_load4, "kv_4_warps_same": same4, "cudnn_whole_ms": t_cudnn,
                "x_cudnn_first": t_cudnn / t_first, "x_cudnn_on_load": t_cudnn / t_load,
                "max_abs_diff": diff, "rel_l2_diff": rel, "ref_max": float(ref.float().abs().max())}
         nrows.append(row)
         print("normload", row, flush=True)
-        del q, k, v, out_s, ref, got
+        del p, ref, got
         torch.cuda.empty_cache()
     res["normload"] = nrows
 
@@ -405,22 +438,12 @@ if part in ("all", "requant"):  # session 33: W4A8 on the int8 tensor cores from
     res["requant"] = qrows
 
 if part in ("all", "overlap"):  # session 36: hiding the K/V pass behind the attention of other heads
-    from sixbit_kernels.layernorm import layer_norm_rows
-
     orows = []
     main = torch.cuda.current_stream()
     sides = {"lo": torch.cuda.Stream(priority=0), "hi": torch.cuda.Stream(priority=-1)}
     for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
-        B, S, D, q, k, v, w, b, rope, norm, out_s = processor_inputs(H, rope_on)
-
-        def inputs():  # the processor normalizes first where there is rotary (attention.NORM_ON_LOAD_ROTARY)
-            if rope_on:
-                return (*(layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k)), None, None)
-            return q, k, norm, norm
-
-        def seq():
-            qa, ka, qnorm, knorm = inputs()
-            return A.attention_fp8(qa, A.quantize_kv(ka, v, k_norm=knorm), out=out_s, q_norm=qnorm)
+        p = ProcessorInputs(H, rope_on)
+        B, S, D, v, out_s = p.B, p.S, p.D, p.v, p.out
 
         def chunks(n):
             per = max(n // B, 1)
@@ -431,47 +454,42 @@ if part in ("all", "overlap"):  # session 36: hiding the K/V pass behind the att
             return t[c[0]:c[0] + 1, c[1]:c[2]]
 
         def overlapped(n, side, delayed):
-            qa, ka, qnorm, knorm = inputs()
+            qa, ka, n_ = p.call_inputs()
             cs = chunks(n)
             side.wait_stream(main)
-            kv0 = A.quantize_kv(sl(ka, cs[0]), sl(v, cs[0]), k_norm=knorm)
+            kv0 = A.quantize_kv(sl(ka, cs[0]), sl(v, cs[0]), k_norm=n_)
             if delayed:
                 side.wait_stream(main)
             evs, kvs = [], []
             with torch.cuda.stream(side):
                 for c in cs[1:]:
-                    kvs.append(A.quantize_kv(sl(ka, c), sl(v, c), k_norm=knorm))
+                    kvs.append(A.quantize_kv(sl(ka, c), sl(v, c), k_norm=n_))
                     ev = torch.cuda.Event()
                     ev.record(side)
                     evs.append(ev)
-            A.attention_fp8(sl(qa, cs[0]), kv0, out=sl(out_s, cs[0]), q_norm=qnorm)
+            A.attention_fp8(sl(qa, cs[0]), kv0, out=sl(out_s, cs[0]), q_norm=n_)
             for c, ev, kv in zip(cs[1:], evs, kvs):
                 main.wait_event(ev)
-                A.attention_fp8(sl(qa, c), kv, out=sl(out_s, c), q_norm=qnorm)
+                A.attention_fp8(sl(qa, c), kv, out=sl(out_s, c), q_norm=n_)
                 for t in (kv.k, kv.k_scale, kv.v, kv.v_scale):
                     t.record_stream(main)
             return out_s
 
         def chunked_one_stream(n):
-            qa, ka, qnorm, knorm = inputs()
+            qa, ka, n_ = p.call_inputs()
             for c in chunks(n):
-                A.attention_fp8(sl(qa, c), A.quantize_kv(sl(ka, c), sl(v, c), k_norm=knorm), out=sl(out_s, c),
-                                q_norm=qnorm)
+                A.attention_fp8(sl(qa, c), A.quantize_kv(sl(ka, c), sl(v, c), k_norm=n_), out=sl(out_s, c), q_norm=n_)
             return out_s
 
-        def cudnn():
-            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
-            return F.scaled_dot_product_attention(qn, kn, v)
-
-        ref = seq().clone()
-        qa, ka, qnorm, knorm = inputs()
-        kv = A.quantize_kv(ka, v, k_norm=knorm)
-        row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "cudnn_whole_ms": bench(cudnn),
-               "seq_ms": bench(seq), "kernel_ms": bench(lambda: A.attention_fp8(qa, kv, out=out_s, q_norm=qnorm)),
-               "kv_pass_ms": bench(lambda: A.quantize_kv(ka, v, k_norm=knorm)),
-               "kv_stats_ms": bench(lambda: A.kv_stats(ka, v, k_norm=knorm))}
-        st = A.kv_stats(ka, v, k_norm=knorm)
-        row["kv_quant_ms"] = bench(lambda: A.quantize_kv(ka, v, k_norm=knorm, stats=st))
+        ref = p.call().clone()
+        qa, ka, n_ = p.call_inputs()
+        kv = A.quantize_kv(ka, v, k_norm=n_)
+        row = {"size": size, "shape": p.shape, "rope": rope_on, "cudnn_whole_ms": bench(p.cudnn),
+               "seq_ms": bench(p.call), "kernel_ms": bench(lambda: A.attention_fp8(qa, kv, out=out_s, q_norm=n_)),
+               "kv_pass_ms": bench(lambda: A.quantize_kv(ka, v, k_norm=n_)),
+               "kv_stats_ms": bench(lambda: A.kv_stats(ka, v, k_norm=n_))}
+        st = A.kv_stats(ka, v, k_norm=n_)
+        row["kv_quant_ms"] = bench(lambda: A.quantize_kv(ka, v, k_norm=n_, stats=st))
         for sq in (16896, 18304):  # query tiles a multiple of 264 (2 programs on each of 132 SMs) at H = 30
             qq = torch.randn(B, H, sq, D, device=dev, dtype=torch.bfloat16)
             oo = torch.empty_like(qq)
@@ -492,7 +510,7 @@ if part in ("all", "overlap"):  # session 36: hiding the K/V pass behind the att
         row["x_cudnn_best"] = row["cudnn_whole_ms"] / row[best]
         orows.append(row)
         print("overlap", row, flush=True)
-        del q, k, v, out_s, ref, kv, qa, ka
+        del p, v, out_s, ref, kv, qa, ka
         torch.cuda.empty_cache()
     res["overlap"] = orows
     try:  # programmatic dependent launch in this Triton (launch_pdl / gdc_wait)
@@ -517,8 +535,6 @@ if part in ("all", "pvorder"):  # session 37: V in the P·V key order against th
     import random
     import statistics
 
-    from sixbit_kernels.layernorm import layer_norm_rows
-
     path = os.environ.get("SIXBIT_BASE_ATTN", "sixbit_kernels/_attention_fp8_base.py")
     spec_ = importlib.util.spec_from_file_location("sixbit_kernels._attention_fp8_base", path)
     base = importlib.util.module_from_spec(spec_)
@@ -527,36 +543,24 @@ if part in ("all", "pvorder"):  # session 37: V in the P·V key order against th
     rounds = int(os.environ.get("ROUNDS", "15"))
     prows = []
     for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
-        B, S, D, q, k, v, w, b, rope, norm, out_s = processor_inputs(H, rope_on)
-        if rope_on:  # the processor normalizes first where there is rotary (attention.NORM_ON_LOAD_ROTARY)
-            qn, kn = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
-
-        def whole(mod):
-            if rope_on:
-                qa, ka = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
-                return mod.attention_fp8(qa, mod.quantize_kv(ka, v), out=out_s)
-            return mod.attention_fp8(q, mod.quantize_kv(k, v, k_norm=norm), out=out_s, q_norm=norm)
-
-        def cudnn():
-            qc, kc = (layer_norm_rows(t, w, b, 1e-6, rope=rope) for t in (q, k))
-            return F.scaled_dot_product_attention(qc, kc, v)
-
-        qa, ka, nq = (qn, kn, None) if rope_on else (q, k, norm)
+        p = ProcessorInputs(H, rope_on)
+        v, out_s = p.v, p.out
+        qa, ka, nq = p.call_inputs()
         kvs = {name: mod.quantize_kv(ka, v, k_norm=nq) for name, mod in (("new", A), ("base", base))}
-        qc = layer_norm_rows(q, w, b, 1e-6, rope=rope).contiguous()
+        qc = p.normed()[0].contiguous()
         oc = torch.empty_like(qc)
-        fns = {"cudnn_whole": cudnn,
-               **{f"{name}_whole": (lambda mod=mod: whole(mod)) for name, mod in (("new", A), ("base", base))},
+        fns = {"cudnn_whole": p.cudnn,
+               **{f"{name}_whole": (lambda mod=mod: p.call(mod)) for name, mod in (("new", A), ("base", base))},
                **{f"{name}_kernel": (lambda mod=mod, kv=kvs[name]: mod.attention_fp8(qa, kv, out=out_s, q_norm=nq))
                   for name, mod in (("new", A), ("base", base))},
                **{f"{name}_kernel_contiguous": (lambda mod=mod, kv=kvs[name]: mod.attention_fp8(qc, kv, out=oc))
                   for name, mod in (("new", A), ("base", base))},
                **{f"{name}_kv_pass": (lambda mod=mod: mod.quantize_kv(ka, v, k_norm=nq))
                   for name, mod in (("new", A), ("base", base))}}
-        got_new, got_base = whole(A).clone(), whole(base).clone()
-        ref = cudnn()
+        got_new, got_base = p.call(A).clone(), p.call(base).clone()
+        ref = p.cudnn()
         err = lambda o: float(formats.relative_error(o.float(), ref.float()))
-        row = {"size": size, "shape": (B, H, S, D), "rope": rope_on, "rounds": rounds,
+        row = {"size": size, "shape": p.shape, "rope": rope_on, "rounds": rounds,
                "max_abs_diff_new_base": float((got_new.float() - got_base.float()).abs().max()),
                "rel_l2_new_vs_cudnn": err(got_new), "rel_l2_base_vs_cudnn": err(got_base)}
         times = {kk: [] for kk in fns}
@@ -579,7 +583,7 @@ if part in ("all", "pvorder"):  # session 37: V in the P·V key order against th
                 row[f"x_cudnn_{name}_{form}"] = {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
         prows.append(row)
         print("pvorder", {kk: vv for kk, vv in row.items() if kk != "ms_rounds"}, flush=True)
-        del q, k, v, out_s, kvs, got_new, got_base, ref, qc, oc
+        del p, v, out_s, qa, ka, kvs, got_new, got_base, ref, qc, oc
         torch.cuda.empty_cache()
     res["pvorder"] = prows
 
