@@ -443,7 +443,7 @@ if part in ("all", "overlap"):  # session 36: hiding the K/V pass behind the att
     sides = {"lo": torch.cuda.Stream(priority=0), "hi": torch.cuda.Stream(priority=-1)}
     for size, H, rope_on in (("2b", 30, False), ("5b", 48, True)):
         p = ProcessorInputs(H, rope_on)
-        B, S, D, v, out_s = p.B, p.S, p.D, p.v, p.out
+        B, D, v, out_s = p.B, p.D, p.v, p.out
 
         def chunks(n):
             per = max(n // B, 1)
