@@ -78,7 +78,27 @@ TILE_VARIANTS = [("(128, 128) tile of sessions 9-20", (128, 128, 4, 3), True, 0,
                  ("BN 256, BM 64, 3 stages, 16 K channels bf16", (64, 256, 4, 3), True, 0, {"hi_channels": 16}),
                  ("BN 256, BM 128 on 8 warps, 3 stages", (128, 256, 8, 3), True, 0, {}),
                  ("BM 64, pipelined loop", (64, 128, 4, 3), True, 0, {"pipelined": True})]
-VARIANT_SETS = {"exp2": SPEED_VARIANTS, "tiles": TILE_VARIANTS}
+#: ``--variants terms``: second e4m3 terms (session 39, docs/ATTENTION.md "Session 39"): K's 16 / 32 largest channels
+#: in QKᵀ and V's residual in P·V, at the default tile and at tiles with fewer stages or keys (each stage holds two
+#: more operand tiles: 64 KB per 256-key stage with 32 channels and V's residual, against 32; cross-compiled for sm_90,
+#: the 3-stage 256-key tile needs 205 KB of shared memory — one program per SM —, the 128-key one 107 KB, like today's)
+_RES = {"residual_channels": 32, "v_residual": True}
+TERMS_VARIANTS = [("default (one term)", (64, 256, 4, 3), True, 0, {}),
+                  ("32 K channels + V residual", (64, 256, 4, 3), True, 0, _RES),
+                  ("32 K channels + V residual, 2 stages", (64, 256, 4, 2), True, 0, _RES),
+                  ("32 K channels + V residual, BN 128", (64, 128, 4, 3), True, 0, _RES),
+                  ("32 K channels + V residual, BN 128, 2 stages", (64, 128, 4, 2), True, 0, _RES),
+                  ("16 K channels + V residual, BN 128", (64, 128, 4, 3), True, 0,
+                   {"residual_channels": 16, "v_residual": True}),
+                  ("32 K channels + V residual, pointer loads", (64, 256, 4, 3), False, 0, _RES),
+                  ("16 K channels + V residual", (64, 256, 4, 3), True, 0, {"residual_channels": 16, "v_residual": True}),
+                  ("16 K channels + V residual, 2 stages", (64, 256, 4, 2), True, 0,
+                   {"residual_channels": 16, "v_residual": True}),
+                  ("32 K channels", (64, 256, 4, 3), True, 0, {"residual_channels": 32}),
+                  ("V residual", (64, 256, 4, 3), True, 0, {"v_residual": True})]
+VARIANT_SETS = {"exp2": SPEED_VARIANTS, "tiles": TILE_VARIANTS, "terms": TERMS_VARIANTS}
+#: a variant row's options that belong to the K/V pass (``quantize_kv``), not to ``attention_fp8``
+KV_OPTIONS = ("hi_channels", "residual_channels", "v_residual")
 
 
 def _ms(fn, *args, **kwargs):
@@ -138,8 +158,9 @@ def variants(name, B, H, S, D, grid, log, *, device="cuda", timer=_ms, baseline=
     """Each speed variant of ``grid`` (:data:`SPEED_VARIANTS` / :data:`TILE_VARIANTS` rows) at one shape against
     ``baseline`` (default cuDNN SDPA bf16), same inputs, same run: the kernel alone on pre-quantized K/V, the whole
     call (K/V pass + attention), × baseline for both, and the relative L2 error of the whole call vs fp32 on ERR_ROWS
-    rows, on N(0, 1) inputs and with 5 K channels ×20. A row's options dict may hold ``hi_channels`` (a K/V-pass
-    option) besides ``attention_fp8``'s. A variant that fails (compile, shared memory) is recorded, the others run."""
+    rows, on N(0, 1) inputs and with 5 K channels ×20. A row's options dict may hold K/V-pass options
+    (:data:`KV_OPTIONS`) besides ``attention_fp8``'s. A variant that fails (compile, shared memory) is recorded, the
+    others run."""
     baseline = baseline or _sdpa(SDPBackend.CUDNN_ATTENTION)
     q, k, v = _inputs(B, H, S, D, False, device=device)
     qo, ko, vo = _inputs(B, H, S, D, True, device=device)
@@ -151,21 +172,21 @@ def variants(name, B, H, S, D, grid, log, *, device="cuda", timer=_ms, baseline=
            "baseline_rel_l2": float(spec.relative_error(baseline(q, k, v)[:, :, idx], ref)), "rows": []}
     for vname, cfg, tma, poly, *more in grid:
         extra = dict(more[0]) if more else {}
-        hi = extra.pop("hi_channels", 0)
-        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly, "hi_channels": hi, **extra}
+        kvo = {key: extra.pop(key) for key in KV_OPTIONS if key in extra}
+        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly,
+               "hi_channels": kvo.get("hi_channels", 0), **{**kvo, **extra}}
         try:
             opts = dict(config=tuple(cfg), tma=tma, exp2_poly=poly, **extra)
-            kv = fa.quantize_kv(k, v, block_n=cfg[1], hi_channels=hi)
+            kv = fa.quantize_kv(k, v, block_n=cfg[1], **kvo)
             row["kernel_ms"] = timer(fa.attention_fp8, q, kv, **opts)
             compiled = fa.LAST_LAUNCH.get("kernel")
             for key in ("n_regs", "n_spills"):
                 if isinstance(getattr(compiled, key, None), int):
                     row[key] = getattr(compiled, key)
-            row["whole_ms"] = timer(fa.fp8_attention, q, k, v, hi_channels=hi, **opts)
-            row["rel_l2"] = float(spec.relative_error(fa.fp8_attention(q, k, v, hi_channels=hi, **opts)[:, :, idx],
-                                                      ref))
+            row["whole_ms"] = timer(fa.fp8_attention, q, k, v, **kvo, **opts)
+            row["rel_l2"] = float(spec.relative_error(fa.fp8_attention(q, k, v, **kvo, **opts)[:, :, idx], ref))
             row["rel_l2_outliers"] = float(spec.relative_error(
-                fa.fp8_attention(qo, ko, vo, hi_channels=hi, **opts)[:, :, idx], ref_o))
+                fa.fp8_attention(qo, ko, vo, **kvo, **opts)[:, :, idx], ref_o))
             row.update(kernel_tflops=_tflops(B, H, S, D, row["kernel_ms"]), kernel_x=base_ms / row["kernel_ms"],
                        whole_x=base_ms / row["whole_ms"])
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: recorded, not fatal
@@ -366,7 +387,7 @@ def main(argv=None):
                     help="time each shape's rows in this many interleaved rounds (median; module docstring)")
     ap.add_argument("--variants", nargs="?", const="exp2", choices=sorted(VARIANT_SETS),
                     help="only the kernel's speed variants at the 2B shape against cuDNN: 'exp2' (SPEED_VARIANTS, "
-                         "the default) or 'tiles' (TILE_VARIANTS)")
+                         "the default), 'tiles' (TILE_VARIANTS) or 'terms' (TERMS_VARIANTS)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("benchmarks.attention needs a CUDA GPU")

@@ -538,16 +538,29 @@ def _attn_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).float()
 
 
-def _check_hi_channels(hi_channels: int, D: int, rotate: bool) -> None:
-    if not 0 <= hi_channels <= D:
-        raise ValueError(f"hi_channels must be in [0, head dim {D}], got {hi_channels}")
-    if hi_channels and rotate:
-        raise ValueError("hi_channels and rotate exclude each other: the rotation spreads the outlier channels "
-                         "that hi_channels keeps apart")
+def _check_hi_channels(hi_channels: int, D: int, rotate: bool, residual_channels: int = 0, qk: str = "fp8") -> None:
+    for name, n in (("hi_channels", hi_channels), ("residual_channels", residual_channels)):
+        if not 0 <= n <= D:
+            raise ValueError(f"{name} must be in [0, head dim {D}], got {n}")
+        if n and rotate:
+            raise ValueError(f"{name} and rotate exclude each other: the rotation spreads the outlier channels "
+                             f"that {name} singles out")
+    if residual_channels and hi_channels:
+        raise ValueError("residual_channels and hi_channels exclude each other: both treat K's largest channels")
+    if residual_channels and qk != "fp8":
+        raise ValueError(f"residual_channels takes qk='fp8' (a second e4m3 term), got qk={qk!r}")
+
+
+def _residual(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3(x), e4m3(x − e4m3(x))) as fp32 values: an operand on the e4m3 grid and its rounding residual on the
+    same scale — the two e4m3 terms whose sum is x to ~2⁻⁸ relative."""
+    hi = _attn_cast(x, "fp8")
+    return hi, _attn_cast(x - hi, "fp8")
 
 
 def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128, qk: str = "fp8",
                           rotate: bool = False, smooth: bool = True, hi_channels: int = 0,
+                          residual_channels: int = 0, v_residual: bool = False,
                           stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """The K/V quantization: ``k`` codes ``[B, H, S_pad, D]`` (as fp32 values), ``k_scale`` ``[B, H, S_pad /
     block_n]``, ``v`` codes ``[B, H, S_pad, D]`` (fp32 values of the e4m3 codes), ``v_scale`` ``[B, H, D]``.
@@ -557,13 +570,18 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     (ascending), ``k_hi`` ``[B, H, S_pad, n]`` (bf16 values as fp32) — and are zero in the 8-bit codes, whose
     block scales then come from the other channels.
 
+    ``residual_channels`` = n > 0 (an accuracy option, ``qk="fp8"``; docs/ATTENTION.md "Session 39"): K's n largest
+    channels per head (the same selection, ``res_idx`` ``[B, H, n]`` ascending) also carry their e4m3 rounding
+    residual on the block's scale, ``k_lo`` ``[B, H, S_pad, n]`` = e4m3(x − e4m3(x)) of the scaled values; the codes
+    and scales are today's. ``v_residual``: V's rounding residual on its channel scale, ``v_lo`` (as ``v``).
+
     ``stats``: (K mean, V amax) ``[B, H, D]`` to quantize with instead of :func:`attention_kv_stats`'s — the
     kernel's own statistics (``attention_fp8.kv_stats``: the mean to fp32 rounding), so its quantization can be
     checked bit for bit."""
     if qk not in ATTN_QK_FORMATS:
         raise ValueError(f"qk must be one of {ATTN_QK_FORMATS}, got {qk!r}")
     B, H, S, D = k.shape
-    _check_hi_channels(hi_channels, D, rotate)
+    _check_hi_channels(hi_channels, D, rotate, residual_channels, qk)
     mean, vamax = attention_kv_stats(k, v, smooth=smooth) if stats is None else \
         (t.to(k.device, torch.float32).reshape(B, H, D) for t in stats)
     kc = k.float() - mean[:, :, None, :]
@@ -571,24 +589,33 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
         kc = kc @ attention_rotation(D, k.device)
     pad = (-S) % block_n if S else block_n
     hi = {}
+    if hi_channels or residual_channels:  # K's n largest smoothed channels per head, ascending
+        idx = kc.abs().amax(dim=2).topk(hi_channels or residual_channels, dim=-1).indices.sort(dim=-1).values
     if hi_channels:
-        idx = kc.abs().amax(dim=2).topk(hi_channels, dim=-1).indices.sort(dim=-1).values  # [B, H, n]
         gather = idx[:, :, None, :].expand(B, H, S, hi_channels)
         k_hi = kc.gather(-1, gather).to(torch.bfloat16).float()
         hi = {"hi_idx": idx, "k_hi": torch.nn.functional.pad(k_hi, (0, 0, 0, pad))}
         kc = kc.scatter(-1, gather, 0.0)
     kc = torch.nn.functional.pad(kc, (0, 0, 0, pad)).view(B, H, -1, block_n, D)
     kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)
-    k8 = _attn_cast(kc * kinv[..., None, None], qk).view(B, H, -1, D)
+    kx = (kc * kinv[..., None, None]).view(B, H, -1, D)
+    k8 = _attn_cast(kx, qk)
+    if residual_channels:
+        sel = kx.gather(-1, idx[:, :, None, :].expand(B, H, kx.shape[2], residual_channels))
+        hi = {"res_idx": idx, "k_lo": _residual(sel)[1]}
     vinv, vscale = attention_scale(vamax, "fp8")
-    v8 = _attn_cast(torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :], "fp8")
+    vx = torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :]
+    v8 = _attn_cast(vx, "fp8")
+    if v_residual:
+        hi["v_lo"] = _attn_cast(vx - v8, "fp8")
     return {"k": k8, "k_scale": kscale, "v": v8, "v_scale": vscale, **hi}
 
 
 def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128,
                             qk: str = "fp8", rotate: bool = False, smooth: bool = True,
                             sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
-                            hi_channels: int = 0, pv: str = "fp8") -> torch.Tensor:
+                            hi_channels: int = 0, pv: str = "fp8", residual_channels: int = 0,
+                            v_residual: bool = False) -> torch.Tensor:
     """What ``sixbit_kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
     ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch.
 
@@ -597,11 +624,19 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
 
     ``hi_channels`` = n > 0 (an accuracy option; the kernel takes n = 16): K's n largest channels per head and
     the same channels of Q go through a bf16 product beside the 8-bit one — the logit (× log2 e) is
-    ``s8 · q_scale · k_scale · c + bf16(q_hi · c)ᵀ k_hi`` with ``c = sm_scale · log2 e``, the rest as without."""
+    ``s8 · q_scale · k_scale · c + bf16(q_hi · c)ᵀ k_hi`` with ``c = sm_scale · log2 e``, the rest as without.
+
+    ``residual_channels`` = n > 0 / ``v_residual`` (an accuracy option, ``qk="fp8"``; docs/ATTENTION.md "Session 39"):
+    second e4m3 terms, each a rounding residual on its operand's scale, added into the same fp32 sums — the scores
+    ``S = Q8·K8ᵀ + Qh·Klᵀ + Ql·Khᵀ`` with ``h``/``l`` the two terms (:func:`_residual`) of Q's and K's scaled values on
+    K's n largest channels (``res_idx``), and ``O = O·α + P8·V8 + P8·Vl`` with ``v_residual``."""
     B, H, S_q, D = q.shape
     if pv not in ("fp8", "bf16"):
         raise ValueError(f"pv must be 'fp8' or 'bf16', got {pv!r}")
-    kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels)
+    if pv == "bf16" and v_residual:
+        raise ValueError("v_residual is a term of the e4m3 P·V; pv='bf16' has none")
+    kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels,
+                               residual_channels=residual_channels, v_residual=v_residual)
     if pv == "bf16":  # V unquantized (its bf16 values, zero rows as padding), no V scale
         kv["v"] = torch.nn.functional.pad(v.float(), (0, 0, 0, kv["v"].shape[2] - v.shape[2]))
         kv["v_scale"] = torch.ones_like(kv["v_scale"])
@@ -614,6 +649,11 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         qf = qf.scatter(-1, gather, 0.0)
     qinv, qscale = attention_scale(qf.abs().amax(dim=-1), qk)
     q8 = _attn_cast(qf * qinv[..., None], qk)
+    if residual_channels:  # [Qh, Ql] and [Kl, Kh] on K's n largest channels: Qh·Klᵀ + Ql·Khᵀ in one product
+        gather = kv["res_idx"][:, :, None, :]
+        q_res = torch.cat(_residual((qf * qinv[..., None]).gather(-1, gather.expand(B, H, S_q, -1))), -1)
+        kh = kv["k"].gather(-1, gather.expand(B, H, kv["k"].shape[2], -1))
+        k_res = torch.cat([kv["k_lo"], kh], -1)
     c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
     n_kv = torch.full((B,), k.shape[2]) if kv_len is None else kv_len.cpu().clamp(max=k.shape[2])
     acc = torch.zeros(B, H, S_q, D, device=q.device)
@@ -621,6 +661,8 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     lsum = torch.zeros(B, H, S_q, device=q.device)
     for j in range(0, int(n_kv.max()), block_n):
         s = q8 @ kv["k"][:, :, j:j + block_n].transpose(-1, -2)
+        if residual_channels:
+            s = s + q_res @ k_res[:, :, j:j + block_n].transpose(-1, -2)
         valid = (j + torch.arange(block_n)[None, :] < n_kv[:, None]).to(q.device)  # [B, block_n]
         s = torch.where(valid[:, None, None, :], s, float("-inf"))
         cks = c * kv["k_scale"][:, :, j // block_n, None]
@@ -635,7 +677,10 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
         done = ~valid.any(-1)[:, None, None]
         lsum = torch.where(done, lsum, lsum * alpha + p.sum(-1))
         p8 = _attn_cast(p, "fp8") if pv == "fp8" else p.to(torch.bfloat16).float()
-        acc = torch.where(done[..., None], acc, acc * alpha[..., None] + p8 @ kv["v"][:, :, j:j + block_n])
+        pv8 = p8 @ kv["v"][:, :, j:j + block_n]
+        if v_residual:
+            pv8 = pv8 + p8 @ kv["v_lo"][:, :, j:j + block_n]
+        acc = torch.where(done[..., None], acc, acc * alpha[..., None] + pv8)
         m = m_new
     return acc / lsum[..., None] * kv["v_scale"][:, :, None, :]
 

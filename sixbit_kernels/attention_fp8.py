@@ -65,6 +65,20 @@ largest channels per head (and Q's same channels, times the logit scale) in a bf
 from 16.3 % to 3.3 % and ran 2.3× slower (``benchmarks/results/attention_h200_hi_s19.md``); ``k_hi`` now loads through
 TMA under ``tma`` (not yet timed).
 
+Residual terms (an accuracy option, off by default; ``residual_channels`` = n in :data:`RESIDUAL_CHANNELS`,
+``v_residual``; session 39, docs/ATTENTION.md "Session 39"; ``formats.attention_fp8_reference``'s same options). An
+e4m3 operand x can carry a second e4m3 term, its rounding residual on the same scale — ``x ≈ h + l`` with ``h =
+e4m3(x)``, ``l = e4m3(x − h)`` — which another fp8 MMA adds into the *same* fp32 accumulator. With K outlier channels
+the logit error comes from K's largest channels, so only they get second terms: the statistics also return the
+smoothed K's channel amax (``kv_stats(k_amax=True)``: per-tile max and min, exact), the n largest per head are
+``KV8.res_idx``, and the K/V pass writes ``KV8.k_res`` ``[BH, S_pad, 2n]`` — per channel the pair ``(kl, kh)`` of K's
+scaled value on its block scale; the attention's prologue gathers Q's same channels (``tl.gather``) into pairs
+``(qh, ql)``, and each key block's scores are ``dot(q_res, k_resᵀ, dot(q8, k8ᵀ))`` = ``Q8·K8ᵀ + Qh·Klᵀ + Ql·Khᵀ``
+(a reduction of D + 2n). ``v_residual``: the K/V pass writes V's residual ``KV8.v_lo`` (laid out as ``v``) and P·V
+becomes ``dot(p8, v_lo, dot(p8, v8, acc))``. The softmax is untouched; the extra cost is MMA work and shared memory
+(each stage holds the two extra tiles). Relative L2 vs fp32 with 5 K channels ×20 (CPU, the spec at the kernel's
+256-key blocks): 18.2 % → 1.7 % with n = 32 and ``v_residual``.
+
 Q/K norm on load (``q_norm`` / ``k_norm``, ``layernorm.RowNorm``; session 32). CogVideoX normalizes q and k per head
 (LayerNorm over the 64-wide rows, then the rotary embedding on the video tokens) before the attention; run first,
 that is one more read and write of Q and of K (``layer_norm_rows``). Given the norm, the kernels read the raw
@@ -166,6 +180,8 @@ LAST_LAUNCH: dict = {}
 PV_GROUP = tl.constexpr(32)
 #: ``hi_channels`` the kernel takes besides 0 (one bf16 MMA of reduction 16; docs/ATTENTION.md; H200: 2.3× slower)
 HI_CHANNELS = 16
+#: ``residual_channels`` the kernel takes besides 0 (module docstring, "Residual terms"; capped at the head dim)
+RESIDUAL_CHANNELS = (16, 32, 64)
 
 
 @dataclass
@@ -191,6 +207,13 @@ class KV8:
     #: channels kept apart per head (ascending), ``k_hi`` ``[BH, S_pad, n]`` bf16 their smoothed values; None at n = 0
     hi_idx: torch.Tensor | None = None
     k_hi: torch.Tensor | None = None
+    #: ``residual_channels`` (module docstring, "Residual terms"): ``res_idx`` ``[BH, n]`` int32, K's n largest
+    #: smoothed channels per head (ascending); ``k_res`` ``[BH, S_pad, 2n]`` e4m3, per channel j the pair
+    #: ``(kl_j, kh_j)`` — the rounding residual and the code of K's scaled value —; None at n = 0
+    res_idx: torch.Tensor | None = None
+    k_res: torch.Tensor | None = None
+    #: ``v_residual``: ``[BH, D, S_pad]`` e4m3, V's rounding residual on its channel scale, laid out as ``v``
+    v_lo: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------------------------ jit helpers
@@ -358,14 +381,15 @@ STATS_TILE = 128
 
 
 @triton.jit
-def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, S, H, NS, skb, skh, sks, skd, svb, svh, svs, svd,
-                     nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
+def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, kmax_ptr, kmin_ptr, S, H, NS, skb, skh, sks, skd, svb, svh,
+                     svs, svd, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
                      D: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, SMOOTH: tl.constexpr,
                      NORM: tl.constexpr, NORM_W: tl.constexpr, NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr,
-                     INTERP: tl.constexpr):
+                     EXTREMA: tl.constexpr, INTERP: tl.constexpr):
     """Per (``TILES·TILE`` rows, head): K's fp32 column sums and V's column max of |v| as int32 bit patterns
-    (NaN > inf > finite: an exact amax that carries NaN), one partial each into ``[BH, NS, D]``. ``NORM``: K's
-    rows are the raw projection, normalized (and rotated) on load (``layernorm.norm_rows_tile``)."""
+    (NaN > inf > finite: an exact amax that carries NaN), one partial each into ``[BH, NS, D]``; ``EXTREMA``: K's
+    column max and min too (the residual channels' selection). ``NORM``: K's rows are the raw projection, normalized
+    (and rotated) on load (``layernorm.norm_rows_tile``)."""
     j = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -373,6 +397,8 @@ def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, S, H, NS, skb, skh, sks,
     d = tl.arange(0, D)
     ksum = tl.zeros((D,), tl.float32)
     vmax = tl.zeros((D,), tl.int32)
+    kmax = tl.full((D,), float("-inf"), tl.float32)
+    kmin = tl.full((D,), float("inf"), tl.float32)
     for t in range(TILES):
         r = (j * TILES + t) * TILE + tl.arange(0, TILE)
         valid = (r < S)[:, None]
@@ -383,28 +409,41 @@ def _kv_stats_kernel(k_ptr, v_ptr, ksum_ptr, vbits_ptr, S, H, NS, skb, skh, sks,
                 k = norm_rows_tile(k, r - n_start, r < S, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, D, TILE, NORM_W,
                                    NORM_B, NORM_ROPE, k_ptr.dtype.element_ty, INTERP)
             ksum += tl.sum(k.to(tl.float32), axis=0)
+            if EXTREMA:
+                kmax = tl.maximum(kmax, tl.max(tl.where(valid, k.to(tl.float32), float("-inf")), axis=0))
+                kmin = tl.minimum(kmin, tl.min(tl.where(valid, k.to(tl.float32), float("inf")), axis=0))
         v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
         vmax = tl.maximum(vmax, tl.max(absbits(v.to(tl.float32)), axis=0))
     out = (bh * NS + j) * D + d
     tl.store(ksum_ptr + out, ksum)
     tl.store(vbits_ptr + out, vmax)
+    if EXTREMA:
+        tl.store(kmax_ptr + out, kmax)
+        tl.store(kmin_ptr + out, kmin)
 
 
 @triton.jit
-def _kv_stats_finish_kernel(ksum_ptr, vbits_ptr, mean_ptr, vamax_ptr, vscale_ptr, S, NS, D: tl.constexpr,
-                            CHUNK: tl.constexpr, SMOOTH: tl.constexpr):
+def _kv_stats_finish_kernel(ksum_ptr, vbits_ptr, kmax_ptr, kmin_ptr, mean_ptr, vamax_ptr, vscale_ptr, kamax_ptr, S,
+                            NS, D: tl.constexpr, CHUNK: tl.constexpr, SMOOTH: tl.constexpr, EXTREMA: tl.constexpr):
     """Per head: the partials added in a fixed order → K mean (``sum / S``, IEEE), V amax (NaN on every
-    channel of a head whose mean or amax is not finite) and V's dequantization scales (``_amax_to_scale``)."""
+    channel of a head whose mean or amax is not finite) and V's dequantization scales (``_amax_to_scale``);
+    ``EXTREMA``: the smoothed K's channel amax ``max(kmax − mean, mean − kmin)`` (= max |k − mean| exactly: fp32
+    subtraction is monotone)."""
     bh = tl.program_id(0)
     d = tl.arange(0, D)
     ksum = tl.zeros((D,), tl.float32)
     vmax = tl.zeros((D,), tl.int32)
+    kmax = tl.full((D,), float("-inf"), tl.float32)
+    kmin = tl.full((D,), float("inf"), tl.float32)
     for i in range(0, NS, CHUNK):
         idx = i + tl.arange(0, CHUNK)
         m = (idx < NS)[:, None]
         off = (bh * NS + idx)[:, None] * D + d[None, :]
         ksum += tl.sum(tl.load(ksum_ptr + off, mask=m, other=0.0), axis=0)
         vmax = tl.maximum(vmax, tl.max(tl.load(vbits_ptr + off, mask=m, other=0), axis=0))
+        if EXTREMA:
+            kmax = tl.maximum(kmax, tl.max(tl.load(kmax_ptr + off, mask=m, other=float("-inf")), axis=0))
+            kmin = tl.minimum(kmin, tl.min(tl.load(kmin_ptr + off, mask=m, other=float("inf")), axis=0))
     amax = vmax.to(tl.float32, bitcast=True)
     finite = amax < float("inf")
     if SMOOTH:
@@ -418,42 +457,54 @@ def _kv_stats_finish_kernel(ksum_ptr, vbits_ptr, mean_ptr, vamax_ptr, vscale_ptr
     tl.store(mean_ptr + bh * D + d, mean)
     tl.store(vamax_ptr + bh * D + d, amax)
     tl.store(vscale_ptr + bh * D + d, scale)
+    if EXTREMA:
+        tl.store(kamax_ptr + bh * D + d, tl.maximum(kmax - mean, mean - kmin))
 
 
-def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True, k_norm: RowNorm | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True, k_norm: RowNorm | None = None,
+             k_amax: bool = False) -> tuple[torch.Tensor, ...]:
     """``formats.attention_kv_stats`` in two launches that read K and V once: (K mean ``[B, H, D]`` fp32 — zeros
     without ``smooth`` —, V amax ``[B, H, D]`` — NaN for every channel of a head with a non-finite value in K's
     mean or V —, V dequantization scales ``[BH, D]``). The V amax is bit-exact; the mean is the spec's to fp32
     rounding (its sum runs in another order: per 1,024-row partial sums, then those in a fixed order — the same
     result every run). ``k_norm``: ``k`` is the raw projection and K is its :class:`~.layernorm.RowNorm` (the
-    same statistics as of ``layer_norm_rows``' output, read without it)."""
+    same statistics as of ``layer_norm_rows``' output, read without it). ``k_amax`` (``smooth`` only): a fourth
+    output, the smoothed K's channel amax ``[BH, D]`` (max |k − mean| over tokens, bit-exact given the mean; the
+    ``residual_channels`` selection)."""
     B, H, S, D = k.shape
     interp = check_launchable(k, v)
     norm_args, norm_flags = _norm_launch(k_norm, k, "k")
     tile = 16 if interp else STATS_TILE
     tiles = 4 if interp else STATS_ROWS // STATS_TILE
     ns = max(cdiv(S, tile * tiles), 1)
+    if k_amax and not smooth:
+        raise ValueError("kv_stats: k_amax is the smoothed K's (smooth=True)")
     ksum = torch.empty(B * H, ns, D, dtype=torch.float32, device=k.device)
     vbits = torch.empty(B * H, ns, D, dtype=torch.int32, device=k.device)
-    _kv_stats_kernel[(ns, B * H)](k, v, ksum, vbits, S, H, ns, *k.stride(), *v.stride(), *norm_args,
-                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, **norm_flags, INTERP=interp,
+    kext = [torch.empty(B * H, ns, D, dtype=torch.float32, device=k.device) for _ in range(2)] if k_amax else [ksum] * 2
+    _kv_stats_kernel[(ns, B * H)](k, v, ksum, vbits, *kext, S, H, ns, *k.stride(), *v.stride(), *norm_args,
+                                  D=D, TILE=tile, TILES=tiles, SMOOTH=smooth, **norm_flags, EXTREMA=k_amax,
+                                  INTERP=interp,
                                   num_warps=KV_NORM_WARPS if k_norm is not None else 4,
                                   enable_fp_fusion=False)
     mean = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
     vamax = torch.empty(B, H, D, dtype=torch.float32, device=k.device)
     vscale = torch.empty(B * H, D, dtype=torch.float32, device=k.device)
-    _kv_stats_finish_kernel[(B * H,)](ksum, vbits, mean, vamax, vscale, S, ns, D=D, CHUNK=16, SMOOTH=smooth,
-                                      num_warps=1)
-    return mean, vamax, vscale
+    kamax = torch.empty(B * H, D, dtype=torch.float32, device=k.device) if k_amax else vscale
+    _kv_stats_finish_kernel[(B * H,)](ksum, vbits, *kext, mean, vamax, vscale, kamax, S, ns, D=D, CHUNK=16,
+                                      SMOOTH=smooth, EXTREMA=k_amax, num_warps=1)
+    return (mean, vamax, vscale, kamax) if k_amax else (mean, vamax, vscale)
 
 
 @triton.jit
-def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, hidx_ptr, khi_ptr, S, S_pad, H,
-                     skb, skh, sks, skd, svb, svh, svs, svd, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
+def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, hidx_ptr, khi_ptr, vlo_ptr, S, S_pad,
+                     H, skb, skh, sks, skd, svb, svh, svs, svd, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
                      D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr, ROT: tl.constexpr,
-                     NH: tl.constexpr, NORM: tl.constexpr, NORM_W: tl.constexpr, NORM_B: tl.constexpr,
-                     NORM_ROPE: tl.constexpr, INTERP: tl.constexpr):
+                     NH: tl.constexpr, NR: tl.constexpr, VRES: tl.constexpr, NORM: tl.constexpr,
+                     NORM_W: tl.constexpr, NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr, INTERP: tl.constexpr):
+    """One ``BLOCK_N``-key block of one head: K's codes and block scale, V's codes in the P·V key order; ``NH``:
+    the hi channels apart in bf16 (``hidx_ptr``/``khi_ptr``); ``NR``: the residual channels' ``[kl, kh]`` pairs
+    (``hidx_ptr``/``khi_ptr``, module docstring); ``VRES``: V's residual codes (``vlo_ptr``)."""
     j = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -481,34 +532,56 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
     amax = tl.max(tl.max(absbits(kc), axis=1), axis=0).to(tl.float32, bitcast=True)
     inv, scale = _amax_to_scale(amax, QMAX)
     out = bh.to(tl.int64) * S_pad * D + r64[:, None] * D + d[None, :]
-    tl.store(k8_ptr + out, _codes(kc * inv, QK_INT8, INTERP))
+    kx = kc * inv
+    tl.store(k8_ptr + out, _codes(kx, QK_INT8, INTERP))
     tl.store(ks_ptr + bh * (S_pad // BLOCK_N) + j, scale)
+    if NR > 0:  # the residual channels as [kl, kh] pairs (kl pairs with Q's qh, kh with ql)
+        jr = tl.arange(0, 2 * NR)
+        sel = tl.gather(kx, tl.broadcast_to(tl.load(hidx_ptr + bh * NR + tl.arange(0, NR))[None, :], (BLOCK_N, NR)), 1)
+        khf = _e4m3(sel, INTERP).to(tl.float32)
+        kres = _e4m3(tl.reshape(tl.join(sel - khf, khf), (BLOCK_N, 2 * NR)), INTERP)
+        tl.store(khi_ptr + bh.to(tl.int64) * S_pad * 2 * NR + r64[:, None] * 2 * NR + jr[None, :], kres)
     v = tl.load(v_ptr + b * svb + h * svh + r64[:, None] * svs + d[None, :] * svd, mask=valid, other=0.0)
     vinv, _ = _amax_to_scale(tl.load(vamax_ptr + bh * D + d), 448.0)
-    v8 = _pv_order(_e4m3(v.to(tl.float32) * vinv[None, :], INTERP), BLOCK_N, D, 0)  # the P·V key order
-    tl.store(v8_ptr + bh.to(tl.int64) * D * S_pad + d[None, :] * S_pad + r64[:, None], v8)
+    vx = v.to(tl.float32) * vinv[None, :]
+    v8 = _e4m3(vx, INTERP)
+    vout = bh.to(tl.int64) * D * S_pad + d[None, :] * S_pad + r64[:, None]
+    tl.store(v8_ptr + vout, _pv_order(v8, BLOCK_N, D, 0))  # the P·V key order
+    if VRES:
+        tl.store(vlo_ptr + vout, _pv_order(_e4m3(vx - v8.to(tl.float32), INTERP), BLOCK_N, D, 0))
 
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None, qk: str = "fp8",
-                rotate: bool = False, smooth: bool = True, hi_channels: int = 0,
-                stats: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                rotate: bool = False, smooth: bool = True, hi_channels: int = 0, residual_channels: int = 0,
+                v_residual: bool = False, stats: tuple[torch.Tensor, ...] | None = None,
                 k_norm: RowNorm | None = None) -> KV8:
     """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides). ``hi_channels``: 0 or
     :data:`HI_CHANNELS` K channels per head kept in bf16 (``formats.attention_quantize_kv``; module docstring).
     ``stats``: :func:`kv_stats`' output for these K and V if already computed (then ``smooth`` is theirs).
     ``k_norm``: ``k`` is the raw projection; K is its row norm (and rotary), applied on load by both launches
-    (module docstring, "Q/K norm on load"); not with ``hi_channels``."""
+    (module docstring, "Q/K norm on load"); not with ``hi_channels``. ``residual_channels`` (0 or one of
+    :data:`RESIDUAL_CHANNELS`) / ``v_residual``: second e4m3 terms (``formats.attention_quantize_kv``; module
+    docstring, "Residual terms"); their selection comes from the statistics (``kv_stats(k_amax=True)``: ``stats``
+    then has its fourth entry), so it combines with ``k_norm``."""
     _check_qkv(k, k, v, qk)
     B, H, S, D = k.shape
-    _check_hi(hi_channels, D, rotate)
+    _check_hi(hi_channels, D, rotate, residual_channels, qk)
     if hi_channels and k_norm is not None:
         raise ValueError("quantize_kv: k_norm (the norm on load) does not combine with hi_channels; normalize K "
                          "first (layernorm.layer_norm_rows)")
     block_n = block_n or default_config(D, int8_rotate=qk == "int8" and rotate)[1]
     interp = check_launchable(k, v)
     norm_args, norm_flags = _norm_launch(k_norm, k, "k")
-    mean, vamax, vscale = kv_stats(k, v, smooth=smooth, k_norm=k_norm) if stats is None else stats
-    hidx = khi = None
+    if residual_channels and not smooth:
+        raise ValueError("quantize_kv: residual_channels selects channels of the smoothed K (smooth=True)")
+    if stats is None:
+        stats = kv_stats(k, v, smooth=smooth, k_norm=k_norm, k_amax=bool(residual_channels))
+    elif residual_channels and len(stats) != 4:
+        raise ValueError("quantize_kv: residual_channels needs the K channel amax in stats (kv_stats(k_amax=True))")
+    mean, vamax, vscale = stats[:3]
+    hidx = khi = vlo = None
+    if residual_channels:  # K's n largest smoothed channels per head, ascending (the spec's selection)
+        hidx = stats[3].topk(residual_channels, dim=-1).indices.sort(dim=-1).values.to(torch.int32).contiguous()
     if hi_channels:  # max |k - mean| per channel from K's max and min (rounding is monotone: the spec's values)
         amax = torch.maximum(k.amax(dim=2).float() - mean, mean - k.amin(dim=2).float())
         hidx = amax.topk(hi_channels, dim=-1).indices.sort(dim=-1).values.to(torch.int32).reshape(B * H, -1)
@@ -520,13 +593,20 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
     v8 = torch.empty(B * H, D, S_pad, dtype=torch.float8_e4m3fn, device=k.device)
     if hi_channels:
         khi = torch.empty(B * H, S_pad, hi_channels, dtype=torch.bfloat16, device=k.device)
+    if residual_channels:
+        khi = torch.empty(B * H, S_pad, 2 * residual_channels, dtype=torch.float8_e4m3fn, device=k.device)
+    if v_residual:
+        vlo = torch.empty_like(v8)
     _kv_quant_kernel[(S_pad // block_n, B * H)](
-        k, v, mean, vamax, k8, ks, v8, hidx if hi_channels else ks, khi if hi_channels else ks, S, S_pad, H,
-        *k.stride(), *v.stride(), *norm_args,
-        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, **norm_flags, INTERP=interp,
+        k, v, mean, vamax, k8, ks, v8, ks if hidx is None else hidx, ks if khi is None else khi,
+        ks if vlo is None else vlo, S, S_pad, H, *k.stride(), *v.stride(), *norm_args,
+        D=D, BLOCK_N=block_n, QK_INT8=qk == "int8", ROT=rotate, NH=hi_channels, NR=residual_channels,
+        VRES=v_residual, **norm_flags, INTERP=interp,
         num_warps=KV_NORM_WARPS if k_norm is not None else 4, enable_fp_fusion=False,
     )
-    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, hidx, khi)
+    if residual_channels:
+        return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, res_idx=hidx, k_res=khi, v_lo=vlo)
+    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, hidx, khi, v_lo=vlo)
 
 
 #: warps of the K statistics and the K/V pass when they normalize K on load: on 4 warps the norm and rotary's
@@ -543,35 +623,47 @@ def _norm_launch(norm: RowNorm | None, x: torch.Tensor, name: str) -> tuple[tupl
     return norm.launch(x)
 
 
-def _check_hi(hi_channels: int, D: int, rotate: bool) -> None:
-    spec._check_hi_channels(hi_channels, D, rotate)
+def _check_hi(hi_channels: int, D: int, rotate: bool, residual_channels: int = 0, qk: str = "fp8") -> None:
+    spec._check_hi_channels(hi_channels, D, rotate, residual_channels, qk)
     if hi_channels not in (0, HI_CHANNELS) or (hi_channels and HI_CHANNELS >= D):
         raise ValueError(f"8-bit attention: the kernel keeps 0 or {HI_CHANNELS} K channels in bf16 (a bf16 MMA "
                          f"reduces over 16) below head dim {D}, got hi_channels={hi_channels}")
+    if residual_channels and residual_channels not in RESIDUAL_CHANNELS:
+        raise ValueError(f"8-bit attention: the kernel takes residual_channels in {RESIDUAL_CHANNELS} (the [qh, ql] · "
+                         f"[kl, kh] MMA reduces over 2n ≥ 32, a power of two), got {residual_channels}")
 
 
 # ------------------------------------------------------------------------------------- attention
 
 
 @triton.jit
-def _qk(q8, k8_base, k_desc, bh, start, S_pad, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        TMA: tl.constexpr, INTERP: tl.constexpr):
-    """The 8-bit scores ``Q8·K8ᵀ`` of the key block at ``start`` (fp32, unscaled)."""
+def _qk(q8, k8_base, k_desc, bh, start, S_pad, q_res, kres_base, kres_desc, D: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, NR: tl.constexpr, TMA: tl.constexpr, INTERP: tl.constexpr):
+    """The 8-bit scores ``Q8·K8ᵀ`` of the key block at ``start`` (fp32, unscaled); ``NR``: plus the residual
+    channels' ``[qh, ql]·[kl, kh]ᵀ`` into the same accumulator (module docstring, "Residual terms")."""
     start = tl.multiple_of(start, BLOCK_N)
+    n = start + tl.arange(0, BLOCK_N)
     if TMA:
         kt = k_desc.load([bh * S_pad + start, 0]).T
     else:
-        n = start + tl.arange(0, BLOCK_N)
         d = tl.arange(0, D)
         kt = tl.trans(tl.load(k8_base + n[:, None] * D + d[None, :]))  # [D, BLOCK_N], read as [BLOCK_N, D] rows
-    return _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+    s = _dot8(q8, kt, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), INTERP)
+    if NR > 0:
+        if TMA:
+            krt = kres_desc.load([bh * S_pad + start, 0]).T
+        else:
+            krt = tl.trans(tl.load(kres_base + n[:, None] * (2 * NR) + tl.arange(0, 2 * NR)[None, :]))
+        s = _dot8(q_res, krt, s, INTERP)
+    return s
 
 
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi, khi_base, khi_desc,
-                D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                TMA: tl.constexpr, POLY: tl.constexpr, NH: tl.constexpr, INTERP: tl.constexpr):
-    """One key block's online-softmax update from its scores ``s``: row max, ``p = exp2(t)``, row sum, PV."""
+                vlo_base, vlo_desc, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                TMA: tl.constexpr, POLY: tl.constexpr, NH: tl.constexpr, VRES: tl.constexpr, INTERP: tl.constexpr):
+    """One key block's online-softmax update from its scores ``s``: row max, ``p = exp2(t)``, row sum, PV
+    (``VRES``: plus ``P8·Vl`` into the same accumulator)."""
     start = tl.multiple_of(start, BLOCK_N)
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
@@ -599,17 +691,24 @@ def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, 
         vt = tl.trans(tl.load(v8_base + d[:, None] * S_pad + n[None, :]))  # [BLOCK_N, D], read as [D, BLOCK_N] rows
     p8 = _pv_order(_e4m3(p, INTERP), BLOCK_M, BLOCK_N, 1)  # the order V8's keys are stored in (module docstring)
     acc = _dot8(p8, vt, acc * alpha[:, None], INTERP)
+    if VRES:
+        if TMA:
+            vlt = vlo_desc.load([bh * D, start]).T
+        else:
+            vlt = tl.trans(tl.load(vlo_base + d[:, None] * S_pad + n[None, :]))
+        acc = _dot8(p8, vlt, acc, INTERP)
     return acc, l_i, m_new
 
 
 @triton.jit
 def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, hidx_ptr, khi_ptr, khi_desc,
-                     S_q, S_kv, S_pad, H, qk_const, hi_const,
+                     vlo_ptr, vlo_desc, S_q, S_kv, S_pad, H, qk_const, hi_const,
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
-                     NH: tl.constexpr, PIPE: tl.constexpr, NORM: tl.constexpr, NORM_W: tl.constexpr,
-                     NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr, INTERP: tl.constexpr, WS: tl.constexpr = False):
+                     NH: tl.constexpr, NR: tl.constexpr, VRES: tl.constexpr, PIPE: tl.constexpr,
+                     NORM: tl.constexpr, NORM_W: tl.constexpr, NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr,
+                     INTERP: tl.constexpr, WS: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -638,13 +737,21 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     QMAX: tl.constexpr = 127.0 if QK_INT8 else 448.0
     amax = tl.max(absbits(qf), axis=1).to(tl.float32, bitcast=True)
     inv, qscale = _amax_to_scale(amax, QMAX)
-    q8 = _codes(qf * inv[:, None], QK_INT8, INTERP)
+    qx = qf * inv[:, None]
+    q8 = _codes(qx, QK_INT8, INTERP)
+    q_res = q8  # unused unless NR > 0
+    if NR > 0:  # Q's two terms on the residual channels as [qh, ql] pairs (module docstring, "Residual terms")
+        sel = tl.gather(qx, tl.broadcast_to(tl.load(hidx_ptr + bh * NR + tl.arange(0, NR))[None, :], (BLOCK_M, NR)), 1)
+        qhf = _e4m3(sel, INTERP).to(tl.float32)
+        q_res = _e4m3(tl.reshape(tl.join(qhf, sel - qhf), (BLOCK_M, 2 * NR)), INTERP)
+        khi_base = khi_ptr + bh.to(tl.int64) * S_pad * 2 * NR
     c = qscale * qk_const
     n_kv = S_kv
     if HAS_KVLEN:
         n_kv = tl.minimum(tl.load(kvlen_ptr + b), S_kv)
     k8_base = k8_ptr + bh.to(tl.int64) * S_pad * D
     v8_base = v8_ptr + bh.to(tl.int64) * D * S_pad
+    vlo_base = vlo_ptr + bh.to(tl.int64) * D * S_pad
     ks_base = ks_ptr + bh * (S_pad // BLOCK_N)
     acc = tl.zeros((BLOCK_M, D), tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -652,27 +759,36 @@ def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_
     full = (n_kv // BLOCK_N) * BLOCK_N
     if PIPE:  # the next block's QKᵀ is issued before this block's softmax (module docstring, "pipelined")
         last = tl.cdiv(n_kv, BLOCK_N) * BLOCK_N - BLOCK_N  # every block before it is full
-        s = _qk(q8, k8_base, k_desc, bh, pid_m * 0, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+        s = _qk(q8, k8_base, k_desc, bh, pid_m * 0, S_pad, q_res, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, NR, TMA,
+                INTERP)
         for start in range(0, last, BLOCK_N):
-            s_next = _qk(q8, k8_base, k_desc, bh, start + BLOCK_N, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+            s_next = _qk(q8, k8_base, k_desc, bh, start + BLOCK_N, S_pad, q_res, khi_base, khi_desc, D, BLOCK_M,
+                         BLOCK_N, NR, TMA, INTERP)
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi,
-                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
+                                        khi_base, khi_desc, vlo_base, vlo_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY,
+                                        NH, VRES, INTERP)
             s = s_next
         if full < n_kv:
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, last, n_kv, S_pad, q_hi,
-                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY, NH, INTERP)
+                                        khi_base, khi_desc, vlo_base, vlo_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY,
+                                        NH, VRES, INTERP)
         else:
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, last, n_kv, S_pad, q_hi,
-                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
+                                        khi_base, khi_desc, vlo_base, vlo_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY,
+                                        NH, VRES, INTERP)
     else:
         for start in tl.range(0, full, BLOCK_N, warp_specialize=WS):
-            s = _qk(q8, k8_base, k_desc, bh, start, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+            s = _qk(q8, k8_base, k_desc, bh, start, S_pad, q_res, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, NR,
+                    TMA, INTERP)
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, S_pad, q_hi,
-                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY, NH, INTERP)
+                                        khi_base, khi_desc, vlo_base, vlo_desc, D, BLOCK_M, BLOCK_N, False, TMA, POLY,
+                                        NH, VRES, INTERP)
         if full < n_kv:
-            s = _qk(q8, k8_base, k_desc, bh, full, S_pad, D, BLOCK_M, BLOCK_N, TMA, INTERP)
+            s = _qk(q8, k8_base, k_desc, bh, full, S_pad, q_res, khi_base, khi_desc, D, BLOCK_M, BLOCK_N, NR,
+                    TMA, INTERP)
             acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, full, n_kv, S_pad, q_hi,
-                                        khi_base, khi_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY, NH, INTERP)
+                                        khi_base, khi_desc, vlo_base, vlo_desc, D, BLOCK_M, BLOCK_N, True, TMA, POLY,
+                                        NH, VRES, INTERP)
     vs = tl.load(vs_ptr + bh * D + d)
     out = acc / l_i[:, None] * vs[None, :]
     if POLY != 0:  # the polynomial does not carry a non-finite Q row's NaN
@@ -739,25 +855,30 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
     qk_const = sm_scale * LOG2E / (D if kv.rotate else 1)
     hi_const = float(torch.tensor(sm_scale * LOG2E, dtype=torch.float32))  # the logit scale on Q's hi channels
     nh = 0 if kv.hi_idx is None else kv.hi_idx.shape[-1]
+    nr = 0 if kv.res_idx is None else kv.res_idx.shape[-1]
     if nh and q_norm is not None:
         raise ValueError("attention_fp8: q_norm (the norm on load) does not combine with K/V hi channels; "
                          "normalize Q first (layernorm.layer_norm_rows)")
     norm_args, norm_flags = _norm_launch(q_norm, q, "q")
     S_pad = kv.k.shape[1]
-    k_desc = v_desc = khi_desc = kv.k
+    k_desc = v_desc = khi_desc = vlo_desc = kv.k
+    k_side = kv.k_hi if nh else kv.k_res  # the hi channels' bf16 K or the residual channels' pairs (exclusive)
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k_desc = TensorDescriptor.from_tensor(kv.k.view(-1, D), [bn, D])
-        if nh:
-            khi_desc = TensorDescriptor.from_tensor(kv.k_hi.view(-1, nh), [bn, nh])
+        if nh or nr:
+            khi_desc = TensorDescriptor.from_tensor(k_side.view(-1, k_side.shape[-1]), [bn, k_side.shape[-1]])
         v_desc = TensorDescriptor.from_tensor(kv.v.view(-1, S_pad), [D, bn])
+        if kv.v_lo is not None:
+            vlo_desc = TensorDescriptor.from_tensor(kv.v_lo.view(-1, S_pad), [D, bn])
     LAST_LAUNCH["kernel"] = _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
         q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
-        kv.hi_idx if nh else kv.k_scale, kv.k_hi if nh else kv.k_scale, khi_desc,
+        kv.hi_idx if nh else kv.res_idx if nr else kv.k_scale, k_side if nh or nr else kv.k_scale, khi_desc,
+        kv.v_lo if kv.v_lo is not None else kv.k_scale, vlo_desc,
         S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(), *norm_args,
         D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, POLY=exp2_poly, NH=nh, PIPE=pipelined, **norm_flags, INTERP=interp,
+        TMA=tma, POLY=exp2_poly, NH=nh, NR=nr, VRES=kv.v_lo is not None, PIPE=pipelined, **norm_flags, INTERP=interp,
         WS=WARP_SPECIALIZE and not pipelined,
         num_warps=warps, num_stages=stages, enable_fp_fusion=False,
     )
@@ -779,14 +900,14 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str 
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
                   tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0,
                   pipelined: bool | None = None, q_norm: RowNorm | None = None,
-                  k_norm: RowNorm | None = None) -> torch.Tensor:
+                  k_norm: RowNorm | None = None, residual_channels: int = 0, v_residual: bool = False) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments — of ``q_norm``/``k_norm`` applied
     to the raw ``q``/``k`` where given (``layernorm.layer_norm_rows``' output, which is never written)."""
     _check_qkv(q, k, v, qk)
     block_n = config[1] if config else None
     kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels,
-                     k_norm=k_norm)
+                     residual_channels=residual_channels, v_residual=v_residual, k_norm=k_norm)
     return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
                          exp2_poly=exp2_poly, pipelined=pipelined, q_norm=q_norm)
 
@@ -810,5 +931,6 @@ def _check_qkv(q, k, v, qk):
                          f"{sorted(CONFIGS)})")
 
 
-__all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "HI_CHANNELS", "quantize_kv", "attention_fp8",
+__all__ = ["KV8", "CONFIGS", "TMA", "POLY", "EXP2_POLY", "EXP2_POLY_MAX_REL_ERR", "HI_CHANNELS", "RESIDUAL_CHANNELS",
+           "quantize_kv", "attention_fp8",
            "fp8_attention", "supported", "exp2_tile", "pv_key_order", "PV_GROUP"]
