@@ -22,7 +22,8 @@ relative L2 error vs fp32 of each — in about two minutes on an H200::
 
 ``--variants tiles`` times :data:`TILE_VARIANTS` instead (256-key tiles, the pipelined loop, the 16 bf16 K channels
 at the new tile; session 21: ``attention_variants_h200_s21``), with the compiled kernel's registers and spills and the
-relative L2 with K outlier channels too.
+relative L2 with K outlier channels too. ``--variants terms`` times :data:`TERMS_VARIANTS` (session 39: the second e4m3
+terms, ``residual_channels`` / ``v_residual``, at today's tile and at tiles that need less shared memory).
 
 ``--rounds R`` (default 1) times every row of a shape R times, interleaved (round 1 times each row once, then
 round 2, …; from round 2 on, each round in its own seeded shuffled order): a row's ms is the median of its R do_bench
@@ -83,19 +84,12 @@ TILE_VARIANTS = [("(128, 128) tile of sessions 9-20", (128, 128, 4, 3), True, 0,
 #: more operand tiles: 64 KB per 256-key stage with 32 channels and V's residual, against 32; cross-compiled for sm_90,
 #: the 3-stage 256-key tile needs 205 KB of shared memory — one program per SM —, the 128-key one 107 KB, like today's)
 _RES = {"residual_channels": 32, "v_residual": True}
+_RES16 = {"residual_channels": 16, "v_residual": True}
 TERMS_VARIANTS = [("default (one term)", (64, 256, 4, 3), True, 0, {}),
                   ("32 K channels + V residual", (64, 256, 4, 3), True, 0, _RES),
                   ("32 K channels + V residual, 2 stages", (64, 256, 4, 2), True, 0, _RES),
                   ("32 K channels + V residual, BN 128", (64, 128, 4, 3), True, 0, _RES),
-                  ("32 K channels + V residual, BN 128, 2 stages", (64, 128, 4, 2), True, 0, _RES),
-                  ("16 K channels + V residual, BN 128", (64, 128, 4, 3), True, 0,
-                   {"residual_channels": 16, "v_residual": True}),
-                  ("32 K channels + V residual, pointer loads", (64, 256, 4, 3), False, 0, _RES),
-                  ("16 K channels + V residual", (64, 256, 4, 3), True, 0, {"residual_channels": 16, "v_residual": True}),
-                  ("16 K channels + V residual, 2 stages", (64, 256, 4, 2), True, 0,
-                   {"residual_channels": 16, "v_residual": True}),
-                  ("32 K channels", (64, 256, 4, 3), True, 0, {"residual_channels": 32}),
-                  ("V residual", (64, 256, 4, 3), True, 0, {"v_residual": True})]
+                  ("16 K channels + V residual, BN 128", (64, 128, 4, 3), True, 0, _RES16)]
 VARIANT_SETS = {"exp2": SPEED_VARIANTS, "tiles": TILE_VARIANTS, "terms": TERMS_VARIANTS}
 #: a variant row's options that belong to the K/V pass (``quantize_kv``), not to ``attention_fp8``
 KV_OPTIONS = ("hi_channels", "residual_channels", "v_residual")

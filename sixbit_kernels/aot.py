@@ -6,7 +6,8 @@
 GEMMs, ``w4a8_requant``'s re-quantize + W8A8; small M: modulation / text-encoder rows, per-tile decode), PDR's outlier count, the block
 bookkeeping, the q/k norm (+ rotary), the fused producers (norm → INT8, GELU → INT8), the self-check's
 problems and, from sm_89, the 8-bit attention (K/V pass and attention at head dims 64 and 128, the tile
-``attention_fp8.default_config`` picks for the target's shared memory) — with CPU tensors and that target's
+``attention_fp8.default_config`` picks for the target's shared memory; also with the residual terms, an accuracy
+option the processor does not dispatch) — with CPU tensors and that target's
 dispatch (``targets.target_for``), records each ``kernel[grid](...)`` instead of launching it, and
 compiles every distinct launch (signature, constexprs, alignment attributes, num_warps/num_stages) with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cap, 32))``. On capability 9.0 both variants
@@ -101,6 +102,17 @@ def drive(sk, target) -> None:
             kv = fa.quantize_kv(qt, qt, k_norm=norm)
             fa.attention_fp8(qt, kv, config=fa.default_config(64, target.smem),
                              tma=fa.TMA[64] and target.variant == "hopper", q_norm=norm)
+        # the accuracy option (second e4m3 terms, session 39; not dispatched by the processor): K's 32 largest
+        # channels and V, at both head dims and in the processor's form with the norm on load
+        for d, h, s in ((64, 30, 17776), (128, 12, 32760)):
+            q = torch.empty(2, h, s, d, dtype=torch.bfloat16)
+            kv = fa.quantize_kv(q, q, residual_channels=32, v_residual=True)
+            fa.attention_fp8(q, kv, config=fa.default_config(d, target.smem),
+                             tma=fa.TMA[d] and target.variant == "hopper")
+        norm = sk.layernorm.RowNorm(w, w, 1e-6, (cs, cs, 226))
+        kv = fa.quantize_kv(qt, qt, k_norm=norm, residual_channels=32, v_residual=True)
+        fa.attention_fp8(qt, kv, config=fa.default_config(64, target.smem),
+                         tma=fa.TMA[64] and target.variant == "hopper", q_norm=norm)
 
 
 def record(sk, target) -> list[tuple]:

@@ -668,20 +668,23 @@ def test_variants_benchmark_times_each_variant_against_the_baseline():
         return 2.0 if fn is F.scaled_dot_product_attention else 1.0
 
     grid = [("mufu", CFG, False, 0), ("half poly", CFG, True, 2), ("hi", CFG, False, 0, {"hi_channels": 16}),
-            ("bad", CFG, False, 3)]
+            ("terms", CFG, False, 0, {"residual_channels": 16, "v_residual": True}), ("bad", CFG, False, 3)]
     res = bench.variants("tiny", 1, 2, 40, 32, grid, lambda m: None, device=DEV, timer=timer,
                          baseline=F.scaled_dot_product_attention)
-    ok, bad = res["rows"][:3], res["rows"][3]
-    assert calls == [None, 0, 0, 2, 2, 0, 0, 3] and "exp2_poly" in bad["error"]
+    ok, bad = res["rows"][:4], res["rows"][4]
+    assert calls == [None, 0, 0, 2, 2, 0, 0, 0, 0, 3] and "exp2_poly" in bad["error"]
     for r in ok:
         assert r["kernel_x"] == r["whole_x"] == 2.0 and 0 < r["rel_l2"] < 0.08 and 0 < r["rel_l2_outliers"] < 0.3
     assert ok[2]["hi_channels"] == 16 and ok[2]["rel_l2_outliers"] < ok[0]["rel_l2_outliers"]
+    assert ok[3]["residual_channels"] == 16 and ok[3]["v_residual"] and ok[3]["hi_channels"] == 0
+    assert ok[3]["rel_l2_outliers"] < 0.5 * ok[0]["rel_l2_outliers"]  # the options reached the K/V pass
     assert res["baseline_rel_l2"] < 1e-2
     md = bench.variants_markdown(res)
     assert f"| half poly | {CFG} | True | 2 | 1.00 |" in md and "failed: `ValueError" in md
     assert "rel. L2 K outliers" in md
     assert [v[3] for v in bench.SPEED_VARIANTS if v[1:3] == ((128, 128, 4, 3), True)] == [0, 4, 2, 1]
     assert fa.CONFIGS[64] in [v[1] for v in bench.TILE_VARIANTS]
+    assert bench.TERMS_VARIANTS[0][1:] == (fa.CONFIGS[64], True, 0, {})  # the terms rows start from today's kernel
 
 
 def test_kv_pass_parts_time_the_statistics_both_ways_on_the_same_inputs():
