@@ -582,7 +582,7 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
     hidx = khi = vlo = None
     if residual_channels:  # K's n largest smoothed channels per head, ascending (the spec's selection)
         hidx = stats[3].topk(residual_channels, dim=-1).indices.sort(dim=-1).values.to(torch.int32).contiguous()
-    if hi_channels:  # max |k - mean| per channel from K's max and min (rounding is monotone: the spec's values)
+    elif hi_channels:  # max |k - mean| per channel from K's max and min (rounding is monotone: the spec's values)
         amax = torch.maximum(k.amax(dim=2).float() - mean, mean - k.amin(dim=2).float())
         hidx = amax.topk(hi_channels, dim=-1).indices.sort(dim=-1).values.to(torch.int32).reshape(B * H, -1)
         hidx = hidx.contiguous()
@@ -604,9 +604,8 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
         VRES=v_residual, **norm_flags, INTERP=interp,
         num_warps=KV_NORM_WARPS if k_norm is not None else 4, enable_fp_fusion=False,
     )
-    if residual_channels:
-        return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, res_idx=hidx, k_res=khi, v_lo=vlo)
-    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, hidx, khi, v_lo=vlo)
+    side = dict(res_idx=hidx, k_res=khi) if residual_channels else dict(hi_idx=hidx, k_hi=khi)  # exclusive options
+    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, **side, v_lo=vlo)
 
 
 #: warps of the K statistics and the K/V pass when they normalize K on load: on 4 warps the norm and rotary's
