@@ -167,8 +167,8 @@ def variants(name, B, H, S, D, grid, log, *, device="cuda", timer=_ms, baseline=
     for vname, cfg, tma, poly, *more in grid:
         extra = dict(more[0]) if more else {}
         kvo = {key: extra.pop(key) for key in KV_OPTIONS if key in extra}
-        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly,
-               "hi_channels": kvo.get("hi_channels", 0), **{**kvo, **extra}}
+        row = {"variant": vname, "config": list(cfg), "tma": tma, "exp2_poly": poly, "hi_channels": 0, **kvo,
+               **extra}
         try:
             opts = dict(config=tuple(cfg), tma=tma, exp2_poly=poly, **extra)
             kv = fa.quantize_kv(k, v, block_n=cfg[1], **kvo)

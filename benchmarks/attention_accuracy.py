@@ -52,12 +52,6 @@ SPLIT_QK = [("QKᵀ in fp32", None), ("e4m3 (today's kernel)", 0),
 SPLIT_PV = [("P, V e4m3 (today)", 1), ("V in 2 terms", 2), ("P and V in 2 terms", 3)]
 
 
-def _e4m3_terms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo): ``x`` rounded to e4m3 and its residual rounded to e4m3 on the same scale."""
-    hi = x.to(torch.float8_e4m3fn).float()
-    return hi, (x - hi).to(torch.float8_e4m3fn).float()
-
-
 def qk_work(n: int | None) -> float:
     """The QKᵀ MMA's reduction relative to today's (head dim 64): 64 + 2n channels."""
     return 1.0 if not n else (64 + 2 * n) / 64
@@ -76,7 +70,8 @@ def two_term_study(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n
     kx = (kb * kinv[..., None, None]).view(B, H, -1, D)[:, :, :S]
     kscale = kscale.repeat_interleave(block_n, -1)[..., :S]
     qinv, qscale = spec.attention_scale(qf.abs().amax(-1), "fp8")
-    (qh, ql), (kh, kl) = _e4m3_terms(qf * qinv[..., None]), _e4m3_terms(kx)
+    terms = spec.attention_e4m3_terms  # (hi, lo): e4m3(x) and e4m3(x − hi), the spec's residual terms
+    (qh, ql), (kh, kl) = terms(qf * qinv[..., None]), terms(kx)
     c = math.log2(math.e) / math.sqrt(D)  # the logit scale in log2 units (sm_scale · log2 e)
 
     def logits(a, b):  # the product of codes, dequantized, in log2 units
@@ -84,7 +79,7 @@ def two_term_study(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n
 
     order = kc.abs().amax(2).argsort(-1, descending=True)  # K's channels, largest first, per head
     vinv, vscale = spec.attention_scale(vf.abs().amax(2), "fp8")
-    vh, vl = _e4m3_terms(vf * vinv[:, :, None, :])
+    vh, vl = terms(vf * vinv[:, :, None, :])
     out = {}
     for qk_label, n in SPLIT_QK:
         if n is None:
@@ -95,7 +90,7 @@ def two_term_study(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n
                 mask = torch.zeros(B, H, 1, D, device=k.device).scatter_(-1, order[:, :, None, :n], 1.0)
                 t = t + logits(qh * mask, kl * mask) + logits(ql * mask, kh * mask)
         p = torch.exp2(t - t.amax(-1, keepdim=True) + spec.ATTN_P_LOG2)
-        ph, pl = _e4m3_terms(p)
+        ph, pl = terms(p)
         lsum = p.sum(-1, keepdim=True) / vscale[:, :, None, :]
         hh, hl = ph @ vh, ph @ vl  # each fp8 MMA once; the forms add them into one accumulator
         products = {1: hh, 2: hh + hl, 3: hh + hl + pl @ vh}

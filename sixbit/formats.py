@@ -551,7 +551,7 @@ def _check_hi_channels(hi_channels: int, D: int, rotate: bool, residual_channels
         raise ValueError(f"residual_channels takes qk='fp8' (a second e4m3 term), got qk={qk!r}")
 
 
-def _residual(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_e4m3_terms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3(x), e4m3(x − e4m3(x))) as fp32 values: an operand on the e4m3 grid and its rounding residual on the
     same scale — the two e4m3 terms whose sum is x to ~2⁻⁸ relative."""
     hi = _attn_cast(x, "fp8")
@@ -602,7 +602,7 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     k8 = _attn_cast(kx, qk)
     if residual_channels:
         sel = kx.gather(-1, idx[:, :, None, :].expand(B, H, kx.shape[2], residual_channels))
-        hi = {"res_idx": idx, "k_lo": _residual(sel)[1]}
+        hi = {"res_idx": idx, "k_lo": attention_e4m3_terms(sel)[1]}
     vinv, vscale = attention_scale(vamax, "fp8")
     vx = torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :]
     v8 = _attn_cast(vx, "fp8")
@@ -628,7 +628,7 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
 
     ``residual_channels`` = n > 0 / ``v_residual`` (an accuracy option, ``qk="fp8"``; docs/ATTENTION.md "Session 39"):
     second e4m3 terms, each a rounding residual on its operand's scale, added into the same fp32 sums — the scores
-    ``S = Q8·K8ᵀ + Qh·Klᵀ + Ql·Khᵀ`` with ``h``/``l`` the two terms (:func:`_residual`) of Q's and K's scaled values on
+    ``S = Q8·K8ᵀ + Qh·Klᵀ + Ql·Khᵀ`` with ``h``/``l`` the two terms (:func:`attention_e4m3_terms`) of Q's and K's scaled values on
     K's n largest channels (``res_idx``), and ``O = O·α + P8·V8 + P8·Vl`` with ``v_residual``."""
     B, H, S_q, D = q.shape
     if pv not in ("fp8", "bf16"):
@@ -651,7 +651,7 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     q8 = _attn_cast(qf * qinv[..., None], qk)
     if residual_channels:  # [Qh, Ql] and [Kl, Kh] on K's n largest channels: Qh·Klᵀ + Ql·Khᵀ in one product
         gather = kv["res_idx"][:, :, None, :]
-        q_res = torch.cat(_residual((qf * qinv[..., None]).gather(-1, gather.expand(B, H, S_q, -1))), -1)
+        q_res = torch.cat(attention_e4m3_terms((qf * qinv[..., None]).gather(-1, gather.expand(B, H, S_q, -1))), -1)
         kh = kv["k"].gather(-1, gather.expand(B, H, kv["k"].shape[2], -1))
         k_res = torch.cat([kv["k_lo"], kh], -1)
     c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
@@ -694,6 +694,7 @@ __all__ += [
     "attention_kv_stats",
     "attention_quantize_kv",
     "attention_fp8_reference",
+    "attention_e4m3_terms",
 ]
 
 

@@ -90,29 +90,23 @@ def drive(sk, target) -> None:
     sk.gelu_quant.gelu_int8(torch.empty(M_LARGE, 7680, dtype=torch.bfloat16), HB)  # GELU → INT8 (2B ff-out)
     if target.capability >= (8, 9):  # 8-bit attention (e4m3 MMAs): CogVideoX's head dim 64 and Wan's 128
         fa = sk.attention_fp8
+        # each also with the accuracy option of session 39 (second e4m3 terms on K's 32 largest channels and V; not
+        # dispatched by the processor) — in the processor's form only with the rotary
+        terms = {"residual_channels": 32, "v_residual": True}
         for d, h, s in ((64, 30, 17776), (128, 12, 32760)):
             q = torch.empty(2, h, s, d, dtype=torch.bfloat16)
-            kv = fa.quantize_kv(q, q)
-            fa.attention_fp8(q, kv, config=fa.default_config(d, target.smem),
-                             tma=fa.TMA[d] and target.variant == "hopper")
+            for opts in ({}, terms):
+                kv = fa.quantize_kv(q, q, **opts)
+                fa.attention_fp8(q, kv, config=fa.default_config(d, target.smem),
+                                 tma=fa.TMA[d] and target.variant == "hopper")
         # CogVideoX's processor: the raw projections (strided), q/k norm on load — 2B without, 5B with the rotary
         qt = torch.empty(2, 17776, 30, 64, dtype=torch.bfloat16).transpose(1, 2)
         for rope in (None, (cs, cs, 226)):
             norm = sk.layernorm.RowNorm(w, w, 1e-6, rope)
-            kv = fa.quantize_kv(qt, qt, k_norm=norm)
-            fa.attention_fp8(qt, kv, config=fa.default_config(64, target.smem),
-                             tma=fa.TMA[64] and target.variant == "hopper", q_norm=norm)
-        # the accuracy option (second e4m3 terms, session 39; not dispatched by the processor): K's 32 largest
-        # channels and V, at both head dims and in the processor's form with the norm on load
-        for d, h, s in ((64, 30, 17776), (128, 12, 32760)):
-            q = torch.empty(2, h, s, d, dtype=torch.bfloat16)
-            kv = fa.quantize_kv(q, q, residual_channels=32, v_residual=True)
-            fa.attention_fp8(q, kv, config=fa.default_config(d, target.smem),
-                             tma=fa.TMA[d] and target.variant == "hopper")
-        norm = sk.layernorm.RowNorm(w, w, 1e-6, (cs, cs, 226))
-        kv = fa.quantize_kv(qt, qt, k_norm=norm, residual_channels=32, v_residual=True)
-        fa.attention_fp8(qt, kv, config=fa.default_config(64, target.smem),
-                         tma=fa.TMA[64] and target.variant == "hopper", q_norm=norm)
+            for opts in ({}, terms) if rope else ({},):
+                kv = fa.quantize_kv(qt, qt, k_norm=norm, **opts)
+                fa.attention_fp8(qt, kv, config=fa.default_config(64, target.smem),
+                                 tma=fa.TMA[64] and target.variant == "hopper", q_norm=norm)
 
 
 def record(sk, target) -> list[tuple]:
