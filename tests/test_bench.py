@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import sixbit_kernels as sk
 from benchmarks import __main__ as cli
 from benchmarks import attention_accuracy, common, memory, mode_flip, paired, quality, speed, weights
 
@@ -171,6 +172,8 @@ def test_attention_accuracy_study_writes_every_row(out):
     assert all(0 < e[c] < 1 for e in err.values() for c in ("normal", "K outliers"))
     today, split = err["e4m3 QKᵀ (today's kernel)"], err["e4m3 + 8 K channels in bf16"]
     assert split["K outliers"] < 0.5 * today["K outliers"]
+    terms = err["e4m3 + residual terms on K's 16 largest channels + V residual"]  # the kernel's accuracy option
+    assert terms["K outliers"] < 0.5 * today["K outliers"] and data["block_n"] == sk.attention_fp8.CONFIGS[64][1]
     both16 = err["all 64 channels in bf16, **P·V in bf16**"]  # the 16-bit products: below every 8-bit row
     assert all(both16[c] < e[c] for e in err.values() if e is not both16 for c in ("normal", "K outliers"))
     md = (out / "aa.md").read_text()
