@@ -92,10 +92,12 @@ TERMS_VARIANTS = [("default (one term)", (64, 256, 4, 3), True, 0, {}),
                   ("16 K channels + V residual", (64, 256, 4, 3), True, 0, _RES16),
                   ("16 K channels + V residual, BN 128", (64, 128, 4, 3), True, 0, _RES16),
                   ("16 K channels (the QKᵀ term's cost)", (64, 256, 4, 3), True, 0, {"residual_channels": 16}),
-                  ("V residual (the P·V term's cost)", (64, 256, 4, 3), True, 0, {"v_residual": True})]
+                  ("V residual (the P·V term's cost)", (64, 256, 4, 3), True, 0, {"v_residual": True}),
+                  ("16 K channels + V residual on the heads with K outliers (residual_ratio 3)", (64, 256, 4, 3), True,
+                   0, {**_RES16, "residual_ratio": 3.0})]
 VARIANT_SETS = {"exp2": SPEED_VARIANTS, "tiles": TILE_VARIANTS, "terms": TERMS_VARIANTS}
 #: a variant row's options that belong to the K/V pass (``quantize_kv``), not to ``attention_fp8``
-KV_OPTIONS = ("hi_channels", "residual_channels", "v_residual")
+KV_OPTIONS = ("hi_channels", "residual_channels", "v_residual", "residual_ratio")
 
 
 def _ms(fn, *args, **kwargs):

@@ -538,7 +538,8 @@ def _attn_cast(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).float()
 
 
-def _check_hi_channels(hi_channels: int, D: int, rotate: bool, residual_channels: int = 0, qk: str = "fp8") -> None:
+def _check_hi_channels(hi_channels: int, D: int, rotate: bool, residual_channels: int = 0, qk: str = "fp8",
+                       residual_ratio: float = 0.0, v_residual: bool = False) -> None:
     for name, n in (("hi_channels", hi_channels), ("residual_channels", residual_channels)):
         if not 0 <= n <= D:
             raise ValueError(f"{name} must be in [0, head dim {D}], got {n}")
@@ -549,6 +550,34 @@ def _check_hi_channels(hi_channels: int, D: int, rotate: bool, residual_channels
         raise ValueError("residual_channels and hi_channels exclude each other: both treat K's largest channels")
     if residual_channels and qk != "fp8":
         raise ValueError(f"residual_channels takes qk='fp8' (a second e4m3 term), got qk={qk!r}")
+    _check_residual_ratio(residual_ratio)
+    if residual_ratio and not (residual_channels or v_residual):
+        raise ValueError("residual_ratio picks the heads that take residual terms: it needs residual_channels or "
+                         "v_residual")
+
+
+#: ``residual_ratio``'s usual value (docs/ATTENTION.md "Session 40"): a head takes the residual terms where its
+#: smoothed K's largest channel amax is at least this many times the median channel's. On N(0, 1) inputs with 5 K
+#: channels scaled ×f (2 heads × 256 rows × 17,776 keys, 256-key blocks) the ratio is ≈ 1.1 f and the one-term error
+#: 5.4 / 5.9 / 7.3 / 9.7 / 17.3 % at f = 1 / 2 / 3 / 4 / 20 against the 16-channel + V form's 4.3 / 4.3 / 4.2 / 3.9 /
+#: 1.9 %: from a ratio of about 3 the one-term error grows fast
+RESIDUAL_RATIO = 3.0
+
+
+def _check_residual_ratio(ratio: float) -> None:
+    if not (isinstance(ratio, (int, float)) and ratio >= 0 and math.isfinite(ratio)):
+        raise ValueError(f"residual_ratio must be a finite number ≥ 0, got {ratio!r}")
+
+
+def attention_residual_heads(k_amax: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Which heads take the residual terms (``residual_ratio``): ``k_amax`` ``[..., D]`` is the smoothed K's channel
+    amax per head (max |k − mean| over the tokens); a head's K has outlier channels where its largest channel amax
+    is at least ``ratio`` × its median one (``torch.median``: the lower of the two middle values). Bool ``[...]``;
+    ``ratio`` 0 selects every head, a head with a non-finite amax none (its output is NaN either way)."""
+    _check_residual_ratio(ratio)
+    if ratio == 0:
+        return torch.ones(k_amax.shape[:-1], dtype=torch.bool, device=k_amax.device)
+    return k_amax.amax(-1) >= ratio * k_amax.median(-1).values
 
 
 def attention_e4m3_terms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -560,7 +589,7 @@ def attention_e4m3_terms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 128, qk: str = "fp8",
                           rotate: bool = False, smooth: bool = True, hi_channels: int = 0,
-                          residual_channels: int = 0, v_residual: bool = False,
+                          residual_channels: int = 0, v_residual: bool = False, residual_ratio: float = 0.0,
                           stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """The K/V quantization: ``k`` codes ``[B, H, S_pad, D]`` (as fp32 values), ``k_scale`` ``[B, H, S_pad /
     block_n]``, ``v`` codes ``[B, H, S_pad, D]`` (fp32 values of the e4m3 codes), ``v_scale`` ``[B, H, D]``.
@@ -574,6 +603,9 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     channels per head (the same selection, ``res_idx`` ``[B, H, n]`` ascending) also carry their e4m3 rounding
     residual on the block's scale, ``k_lo`` ``[B, H, S_pad, n]`` = e4m3(x − e4m3(x)) of the scaled values; the codes
     and scales are today's. ``v_residual``: V's rounding residual on its channel scale, ``v_lo`` (as ``v``).
+    ``residual_ratio`` > 0 (docs/ATTENTION.md "Session 40"): only the heads :func:`attention_residual_heads` picks
+    (``res_heads`` ``[B, H]`` bool) carry the terms — ``k_lo``/``v_lo`` are zero on the others, whose attention is then
+    today's (the scores add Q's terms times zero).
 
     ``stats``: (K mean, V amax) ``[B, H, D]`` to quantize with instead of :func:`attention_kv_stats`'s — the
     kernel's own statistics (``attention_fp8.kv_stats``: the mean to fp32 rounding), so its quantization can be
@@ -581,7 +613,7 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     if qk not in ATTN_QK_FORMATS:
         raise ValueError(f"qk must be one of {ATTN_QK_FORMATS}, got {qk!r}")
     B, H, S, D = k.shape
-    _check_hi_channels(hi_channels, D, rotate, residual_channels, qk)
+    _check_hi_channels(hi_channels, D, rotate, residual_channels, qk, residual_ratio, v_residual)
     mean, vamax = attention_kv_stats(k, v, smooth=smooth) if stats is None else \
         (t.to(k.device, torch.float32).reshape(B, H, D) for t in stats)
     kc = k.float() - mean[:, :, None, :]
@@ -589,8 +621,12 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
         kc = kc @ attention_rotation(D, k.device)
     pad = (-S) % block_n if S else block_n
     hi = {}
+    if hi_channels or residual_channels or residual_ratio:
+        ch_amax = kc.abs().amax(dim=2)  # the smoothed K's channel amax [B, H, D]
     if hi_channels or residual_channels:  # K's n largest smoothed channels per head, ascending
-        idx = kc.abs().amax(dim=2).topk(hi_channels or residual_channels, dim=-1).indices.sort(dim=-1).values
+        idx = ch_amax.topk(hi_channels or residual_channels, dim=-1).indices.sort(dim=-1).values
+    if residual_ratio:  # the heads with outlier channels in K
+        hi["res_heads"] = attention_residual_heads(ch_amax, residual_ratio)
     if hi_channels:
         gather = idx[:, :, None, :].expand(B, H, S, hi_channels)
         k_hi = kc.gather(-1, gather).to(torch.bfloat16).float()
@@ -600,14 +636,18 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)
     kx = (kc * kinv[..., None, None]).view(B, H, -1, D)
     k8 = _attn_cast(kx, qk)
+
+    def picked(lo):  # the terms on the heads residual_ratio picks, zero on the others
+        return torch.where(hi["res_heads"][:, :, None, None], lo, 0.0) if residual_ratio else lo
+
     if residual_channels:
         sel = kx.gather(-1, idx[:, :, None, :].expand(B, H, kx.shape[2], residual_channels))
-        hi = {"res_idx": idx, "k_lo": attention_e4m3_terms(sel)[1]}
+        hi.update(res_idx=idx, k_lo=picked(attention_e4m3_terms(sel)[1]))
     vinv, vscale = attention_scale(vamax, "fp8")
     vx = torch.nn.functional.pad(v.float(), (0, 0, 0, pad)) * vinv[:, :, None, :]
     v8 = _attn_cast(vx, "fp8")
     if v_residual:
-        hi["v_lo"] = _attn_cast(vx - v8, "fp8")
+        hi["v_lo"] = picked(_attn_cast(vx - v8, "fp8"))
     return {"k": k8, "k_scale": kscale, "v": v8, "v_scale": vscale, **hi}
 
 
@@ -615,7 +655,7 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
                             qk: str = "fp8", rotate: bool = False, smooth: bool = True,
                             sm_scale: float | None = None, kv_len: torch.Tensor | None = None,
                             hi_channels: int = 0, pv: str = "fp8", residual_channels: int = 0,
-                            v_residual: bool = False) -> torch.Tensor:
+                            v_residual: bool = False, residual_ratio: float = 0.0) -> torch.Tensor:
     """What ``sixbit_kernels/attention_fp8.fp8_attention`` computes (see the section comment), fp32
     ``[B, H, S_q, D]``. ``q``/``k``/``v`` are ``[B, H, S, D]``; ``kv_len`` int ``[B]`` keys per batch.
 
@@ -629,14 +669,17 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     ``residual_channels`` = n > 0 / ``v_residual`` (an accuracy option, ``qk="fp8"``; docs/ATTENTION.md "Session 39"):
     second e4m3 terms, each a rounding residual on its operand's scale, added into the same fp32 sums — the scores
     ``S = Q8·K8ᵀ + Qh·Klᵀ + Ql·Khᵀ`` with ``h``/``l`` the two terms (:func:`attention_e4m3_terms`) of Q's and K's scaled values on
-    K's n largest channels (``res_idx``), and ``O = O·α + P8·V8 + P8·Vl`` with ``v_residual``."""
+    K's n largest channels (``res_idx``), and ``O = O·α + P8·V8 + P8·Vl`` with ``v_residual``. ``residual_ratio`` > 0
+    (docs/ATTENTION.md "Session 40"): only on the heads :func:`attention_residual_heads` picks; the others compute
+    today's attention (Q's terms are zero there)."""
     B, H, S_q, D = q.shape
     if pv not in ("fp8", "bf16"):
         raise ValueError(f"pv must be 'fp8' or 'bf16', got {pv!r}")
     if pv == "bf16" and v_residual:
         raise ValueError("v_residual is a term of the e4m3 P·V; pv='bf16' has none")
     kv = attention_quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels,
-                               residual_channels=residual_channels, v_residual=v_residual)
+                               residual_channels=residual_channels, v_residual=v_residual,
+                               residual_ratio=residual_ratio)
     if pv == "bf16":  # V unquantized (its bf16 values, zero rows as padding), no V scale
         kv["v"] = torch.nn.functional.pad(v.float(), (0, 0, 0, kv["v"].shape[2] - v.shape[2]))
         kv["v_scale"] = torch.ones_like(kv["v_scale"])
@@ -652,6 +695,8 @@ def attention_fp8_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     if residual_channels:  # [Qh, Ql] and [Kl, Kh] on K's n largest channels: Qh·Klᵀ + Ql·Khᵀ in one product
         gather = kv["res_idx"][:, :, None, :]
         q_res = torch.cat(attention_e4m3_terms((qf * qinv[..., None]).gather(-1, gather.expand(B, H, S_q, -1))), -1)
+        if residual_ratio:  # one term on the other heads: Q's terms zero there
+            q_res = torch.where(kv["res_heads"][:, :, None, None], q_res, 0.0)
         kh = kv["k"].gather(-1, gather.expand(B, H, kv["k"].shape[2], -1))
         k_res = torch.cat([kv["k_lo"], kh], -1)
     c = qscale * float(torch.tensor(sm_scale * _LOG2E / (D if rotate else 1), dtype=torch.float32))
@@ -695,6 +740,8 @@ __all__ += [
     "attention_quantize_kv",
     "attention_fp8_reference",
     "attention_e4m3_terms",
+    "attention_residual_heads",
+    "RESIDUAL_RATIO",
 ]
 
 

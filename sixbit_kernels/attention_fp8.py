@@ -77,7 +77,12 @@ scaled value on its block scale; the attention's prologue gathers Q's same chann
 (a reduction of D + 2n). ``v_residual``: the K/V pass writes V's residual ``KV8.v_lo`` (laid out as ``v``) and P·V
 becomes ``dot(p8, v_lo, dot(p8, v8, acc))``. The softmax is untouched; the extra cost is MMA work and shared memory
 (each stage holds the two extra tiles). Relative L2 vs fp32 with 5 K channels ×20 (CPU, the spec at the kernel's
-256-key blocks): 18.2 % → 1.7 % with n = 32 and ``v_residual``.
+256-key blocks): 18.2 % → 1.7 % with n = 32 and ``v_residual``. ``residual_ratio`` = r > 0 (session 40) gives the
+terms only to the heads whose K has outlier channels — its smoothed channel amax (the statistics' fourth output) has a
+maximum ≥ r × its median (``formats.attention_residual_heads``; ``KV8.res_heads``) — and the attention runs as two
+launches over every head, constexpr ``SEL`` = −1 then +1, each program returning at once where its head is of the
+other kind: the one-term kernel for the rest, the residual one for the picked heads. No host sync; a head's cost is
+its own loop's.
 
 Q/K norm on load (``q_norm`` / ``k_norm``, ``layernorm.RowNorm``; session 32). CogVideoX normalizes q and k per head
 (LayerNorm over the 64-wide rows, then the rotary embedding on the video tokens) before the attention; run first,
@@ -214,6 +219,9 @@ class KV8:
     k_res: torch.Tensor | None = None
     #: ``v_residual``: ``[BH, D, S_pad]`` e4m3, V's rounding residual on its channel scale, laid out as ``v``
     v_lo: torch.Tensor | None = None
+    #: ``residual_ratio`` > 0: ``[BH]`` int32, 1 where the head takes the residual terms
+    #: (``formats.attention_residual_heads``); the others' ``k_res``/``v_lo`` rows are written but not read
+    res_heads: torch.Tensor | None = None
 
 
 # ------------------------------------------------------------------------------------ jit helpers
@@ -553,7 +561,7 @@ def _kv_quant_kernel(k_ptr, v_ptr, mean_ptr, vamax_ptr, k8_ptr, ks_ptr, v8_ptr, 
 
 def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None, qk: str = "fp8",
                 rotate: bool = False, smooth: bool = True, hi_channels: int = 0, residual_channels: int = 0,
-                v_residual: bool = False, stats: tuple[torch.Tensor, ...] | None = None,
+                v_residual: bool = False, residual_ratio: float = 0.0, stats: tuple[torch.Tensor, ...] | None = None,
                 k_norm: RowNorm | None = None) -> KV8:
     """The K/V pass (module docstring, step 1) for ``[B, H, S, D]`` views (any strides). ``hi_channels``: 0 or
     :data:`HI_CHANNELS` K channels per head kept in bf16 (``formats.attention_quantize_kv``; module docstring).
@@ -562,22 +570,26 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
     (module docstring, "Q/K norm on load"); not with ``hi_channels``. ``residual_channels`` (0 or one of
     :data:`RESIDUAL_CHANNELS`) / ``v_residual``: second e4m3 terms (``formats.attention_quantize_kv``; module
     docstring, "Residual terms"); their selection comes from the statistics (``kv_stats(k_amax=True)``: ``stats``
-    then has its fourth entry), so it combines with ``k_norm``."""
+    then has its fourth entry), so it combines with ``k_norm``. ``residual_ratio`` > 0: only the heads whose K has
+    outlier channels take them (``formats.attention_residual_heads`` on the same statistics; ``KV8.res_heads``)."""
     _check_qkv(k, k, v, qk)
     B, H, S, D = k.shape
-    _check_hi(hi_channels, D, rotate, residual_channels, qk)
+    _check_hi(hi_channels, D, rotate, residual_channels, qk, residual_ratio, v_residual)
     if hi_channels and k_norm is not None:
         raise ValueError("quantize_kv: k_norm (the norm on load) does not combine with hi_channels; normalize K "
                          "first (layernorm.layer_norm_rows)")
     block_n = block_n or default_config(D, int8_rotate=qk == "int8" and rotate)[1]
     interp = check_launchable(k, v)
     norm_args, norm_flags = _norm_launch(k_norm, k, "k")
-    if residual_channels and not smooth:
-        raise ValueError("quantize_kv: residual_channels selects channels of the smoothed K (smooth=True)")
+    amax = bool(residual_channels or residual_ratio)  # the selections read the smoothed K's channel amax
+    if amax and not smooth:
+        raise ValueError("quantize_kv: residual_channels / residual_ratio select channels / heads of the smoothed K "
+                         "(smooth=True)")
     if stats is None:
-        stats = kv_stats(k, v, smooth=smooth, k_norm=k_norm, k_amax=bool(residual_channels))
-    elif residual_channels and len(stats) != 4:
-        raise ValueError("quantize_kv: residual_channels needs the K channel amax in stats (kv_stats(k_amax=True))")
+        stats = kv_stats(k, v, smooth=smooth, k_norm=k_norm, k_amax=amax)
+    elif amax and len(stats) != 4:
+        raise ValueError("quantize_kv: residual_channels / residual_ratio need the K channel amax in stats "
+                         "(kv_stats(k_amax=True))")
     mean, vamax, vscale = stats[:3]
     hidx = khi = vlo = None
     if residual_channels:  # K's n largest smoothed channels per head, ascending (the spec's selection)
@@ -605,7 +617,8 @@ def quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int | None = None,
         num_warps=KV_NORM_WARPS if k_norm is not None else 4, enable_fp_fusion=False,
     )
     side = dict(res_idx=hidx, k_res=khi) if residual_channels else dict(hi_idx=hidx, k_hi=khi)  # exclusive options
-    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, **side, v_lo=vlo)
+    heads = spec.attention_residual_heads(stats[3], residual_ratio).to(torch.int32) if residual_ratio else None
+    return KV8(k8, ks, v8, vscale, B, H, S, block_n, qk, rotate, **side, v_lo=vlo, res_heads=heads)
 
 
 #: warps of the K statistics and the K/V pass when they normalize K on load: on 4 warps the norm and rotary's
@@ -622,8 +635,9 @@ def _norm_launch(norm: RowNorm | None, x: torch.Tensor, name: str) -> tuple[tupl
     return norm.launch(x)
 
 
-def _check_hi(hi_channels: int, D: int, rotate: bool, residual_channels: int = 0, qk: str = "fp8") -> None:
-    spec._check_hi_channels(hi_channels, D, rotate, residual_channels, qk)
+def _check_hi(hi_channels: int, D: int, rotate: bool, residual_channels: int = 0, qk: str = "fp8",
+              residual_ratio: float = 0.0, v_residual: bool = False) -> None:
+    spec._check_hi_channels(hi_channels, D, rotate, residual_channels, qk, residual_ratio, v_residual)
     if hi_channels not in (0, HI_CHANNELS) or (hi_channels and HI_CHANNELS >= D):
         raise ValueError(f"8-bit attention: the kernel keeps 0 or {HI_CHANNELS} K channels in bf16 (a bf16 MMA "
                          f"reduces over 16) below head dim {D}, got hi_channels={hi_channels}")
@@ -701,15 +715,21 @@ def _softmax_pv(acc, l_i, m_i, s, c, v8_base, ks_base, v_desc, bh, start, n_kv, 
 
 @triton.jit
 def _attn_fwd_kernel(q_ptr, k8_ptr, ks_ptr, v8_ptr, vs_ptr, o_ptr, kvlen_ptr, k_desc, v_desc, hidx_ptr, khi_ptr, khi_desc,
-                     vlo_ptr, vlo_desc, S_q, S_kv, S_pad, H, qk_const, hi_const,
+                     vlo_ptr, vlo_desc, sel_ptr, S_q, S_kv, S_pad, H, qk_const, hi_const,
                      sqb, sqh, sqs, sqd, sob, soh, sos, sod, nw_ptr, nb_ptr, ncos_ptr, nsin_ptr, n_eps, n_start,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT8: tl.constexpr,
                      ROT: tl.constexpr, HAS_KVLEN: tl.constexpr, TMA: tl.constexpr, POLY: tl.constexpr,
                      NH: tl.constexpr, NR: tl.constexpr, VRES: tl.constexpr, PIPE: tl.constexpr,
                      NORM: tl.constexpr, NORM_W: tl.constexpr, NORM_B: tl.constexpr, NORM_ROPE: tl.constexpr,
-                     INTERP: tl.constexpr, WS: tl.constexpr = False):
+                     INTERP: tl.constexpr, SEL: tl.constexpr = 0, WS: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
+    if SEL > 0:  # residual_ratio: the launch of the picked heads (module docstring, "Residual terms") ...
+        if tl.load(sel_ptr + bh) == 0:
+            return
+    if SEL < 0:  # ... and the launch of the others
+        if tl.load(sel_ptr + bh) != 0:
+            return
     b = bh // H
     h = bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -871,16 +891,21 @@ def attention_fp8(q: torch.Tensor, kv: KV8, *, sm_scale: float | None = None, kv
         v_desc = TensorDescriptor.from_tensor(kv.v.view(-1, S_pad), [D, bn])
         if kv.v_lo is not None:
             vlo_desc = TensorDescriptor.from_tensor(kv.v_lo.view(-1, S_pad), [D, bn])
-    LAST_LAUNCH["kernel"] = _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
-        q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
-        kv.hi_idx if nh else kv.res_idx if nr else kv.k_scale, k_side if nh or nr else kv.k_scale, khi_desc,
-        kv.v_lo if kv.v_lo is not None else kv.k_scale, vlo_desc,
-        S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(), *norm_args,
-        D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
-        TMA=tma, POLY=exp2_poly, NH=nh, NR=nr, VRES=kv.v_lo is not None, PIPE=pipelined, **norm_flags, INTERP=interp,
-        WS=WARP_SPECIALIZE and not pipelined,
-        num_warps=warps, num_stages=stages, enable_fp_fusion=False,
-    )
+    vres = kv.v_lo is not None
+    # residual_ratio (module docstring, "Residual terms"): two launches over every head, each running the heads of
+    # its kind — the one-term kernel those without outlier channels, the residual one the picked heads
+    launches = [(0, False, -1), (nr, vres, 1)] if kv.res_heads is not None else [(nr, vres, 0)]
+    for n_res, v_res, sel in launches:
+        LAST_LAUNCH["kernel"] = _attn_fwd_kernel[(cdiv(S_q, bm), B * H)](
+            q, kv.k, kv.k_scale, kv.v, kv.v_scale, out, kv_len if kv_len is not None else kv.k_scale, k_desc, v_desc,
+            kv.hi_idx if nh else kv.res_idx if nr else kv.k_scale, k_side if nh or nr else kv.k_scale, khi_desc,
+            kv.v_lo if vres else kv.k_scale, vlo_desc, kv.res_heads if sel else kv.k_scale,
+            S_q, kv.seq_len, S_pad, H, qk_const, hi_const, *q.stride(), *out.stride(), *norm_args,
+            D=D, BLOCK_M=bm, BLOCK_N=bn, QK_INT8=kv.qk == "int8", ROT=kv.rotate, HAS_KVLEN=kv_len is not None,
+            TMA=tma, POLY=exp2_poly, NH=nh, NR=n_res, VRES=v_res, PIPE=pipelined, **norm_flags, INTERP=interp,
+            SEL=sel, WS=WARP_SPECIALIZE and not pipelined,
+            num_warps=warps, num_stages=stages, enable_fp_fusion=False,
+        )
     return out
 
 
@@ -899,14 +924,16 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, qk: str 
                   out: torch.Tensor | None = None, config: tuple[int, int, int, int] | None = None,
                   tma: bool | None = None, exp2_poly: int | None = None, hi_channels: int = 0,
                   pipelined: bool | None = None, q_norm: RowNorm | None = None,
-                  k_norm: RowNorm | None = None, residual_channels: int = 0, v_residual: bool = False) -> torch.Tensor:
+                  k_norm: RowNorm | None = None, residual_channels: int = 0, v_residual: bool = False,
+                  residual_ratio: float = 0.0) -> torch.Tensor:
     """``softmax(q kᵀ · sm_scale) v`` in 8 bits: :func:`quantize_kv` then :func:`attention_fp8`.
     Numerics: ``formats.attention_fp8_reference`` with the same arguments — of ``q_norm``/``k_norm`` applied
     to the raw ``q``/``k`` where given (``layernorm.layer_norm_rows``' output, which is never written)."""
     _check_qkv(q, k, v, qk)
     block_n = config[1] if config else None
     kv = quantize_kv(k, v, block_n=block_n, qk=qk, rotate=rotate, smooth=smooth, hi_channels=hi_channels,
-                     residual_channels=residual_channels, v_residual=v_residual, k_norm=k_norm)
+                     residual_channels=residual_channels, v_residual=v_residual, residual_ratio=residual_ratio,
+                     k_norm=k_norm)
     return attention_fp8(q, kv, sm_scale=sm_scale, kv_len=kv_len, out=out, config=config, tma=tma,
                          exp2_poly=exp2_poly, pipelined=pipelined, q_norm=q_norm)
 

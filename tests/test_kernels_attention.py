@@ -516,6 +516,63 @@ def test_kernel_residual_terms_match_the_spec(v_residual):
             fa.quantize_kv(k, v, block_n=CFG[1], **bad)
 
 
+def test_spec_residual_ratio_picks_the_heads_with_outlier_channels():
+    """``residual_ratio`` (session 40): the heads whose smoothed K has a channel amax ≥ ratio × the median one take
+    the residual terms, bit for bit the all-heads form's output; the others are today's single-term attention, bit for
+    bit; ratio 0 is every head; bad ratios and a ratio without terms are refused."""
+    g = torch.Generator().manual_seed(54)
+    q, k, v = (torch.randn(2, 3, n, 32, generator=g) for n in (40, 300, 300))
+    k[0, 1, :, [3, 17]] *= 20
+    k[1, 2, :, 5] *= 4
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    res = dict(block_n=64, residual_channels=8, v_residual=True)
+    kv = spec.attention_quantize_kv(k, v, residual_ratio=spec.RESIDUAL_RATIO, **res)
+    assert kv["res_heads"].tolist() == [[False, True, False], [False, False, True]]
+    picked, every, one = (spec.attention_fp8_reference(q, k, v, **kw) for kw in
+                          (dict(residual_ratio=spec.RESIDUAL_RATIO, **res), res, dict(block_n=64)))
+    sel = kv["res_heads"][:, :, None, None].expand_as(picked)
+    assert torch.equal(picked[sel], every[sel]) and torch.equal(picked[~sel], one[~sel])
+    assert torch.equal(spec.attention_fp8_reference(q, k, v, residual_ratio=0.0, **res), every)
+    assert not spec.attention_quantize_kv(k, v, residual_ratio=100.0, **res)["res_heads"].any()
+    # the rule: max ≥ ratio × the lower median; ratio 0 picks every head; a NaN amax none
+    amax = torch.tensor([[1.0, 2.0, 3.0, 9.0], [1.0, 2.0, 3.0, 5.9], [1.0, float("nan"), 1.0, 9.0]])
+    assert spec.attention_residual_heads(amax, 3.0).tolist() == [True, False, False]
+    assert spec.attention_residual_heads(amax, 0.0).all()
+    for bad, match in ((dict(residual_ratio=-1.0, **res), "finite number"),
+                       (dict(residual_ratio=float("nan"), **res), "finite number"),
+                       (dict(residual_ratio=3.0), "needs residual_channels")):
+        with pytest.raises(ValueError, match=match):
+            spec.attention_fp8_reference(q, k, v, **bad)
+
+
+def test_kernel_residual_ratio_matches_the_spec():
+    """The kernel's per-head choice: ``KV8.res_heads`` is the spec's pick from the kernel's own statistics; two
+    launches (the one-term kernel on the other heads, the residual one on the picked) give the spec's output with
+    TMA and pointer loads, key padding, none or every head picked; refused without terms or smoothing."""
+    q, k, v = _qkv(B=2, H=3, S=33, S_kv=70, D=32, seed=55)
+    k[0, 1, :, [3, 17]] *= 20
+    k[1, 0, :, 9] *= 20
+    opts = dict(config=CFG, residual_channels=16, v_residual=True)
+    kv = fa.quantize_kv(k.to(DEV), v.to(DEV), block_n=CFG[1], residual_channels=16, v_residual=True,
+                        residual_ratio=spec.RESIDUAL_RATIO)
+    assert kv.res_heads.cpu().tolist() == [0, 1, 0, 1, 0, 0]
+    for tma in (False, True):
+        out, exp = _run(q, k, v, tma=tma, residual_ratio=spec.RESIDUAL_RATIO, **opts)
+        _close(out, exp)
+    out, exp = _run(q, k, v, kv_len=torch.tensor([70, 21]), residual_ratio=spec.RESIDUAL_RATIO, **opts)
+    _close(out, exp)
+    for ratio in (1e-6, 1e6):  # every head / no head picked
+        out, exp = _run(q, k, v, residual_ratio=ratio, **opts)
+        _close(out, exp)
+    k, v = k.to(DEV), v.to(DEV)
+    for bad, match in ((dict(residual_ratio=3.0), "needs residual_channels"),
+                       (dict(residual_ratio=-3.0, v_residual=True), "finite number"),
+                       (dict(residual_ratio=3.0, v_residual=True, smooth=False), "smooth"),
+                       (dict(residual_ratio=3.0, v_residual=True, stats=fa.kv_stats(k, v)), "k_amax")):
+        with pytest.raises(ValueError, match=match):
+            fa.quantize_kv(k, v, block_n=CFG[1], **bad)
+
+
 def test_residual_terms_with_the_norm_on_load():
     """The residual channels come from the statistics, so they combine with ``q_norm``/``k_norm`` (unlike the hi
     channels): the same call as normalizing first."""
