@@ -22,7 +22,9 @@ the row maximum ``m`` is taken over all keys rather than online, which moves the
 a point from the spec's at ``block_n=256`` (session 38, the default inputs: 5.19 / 18.17 % against 5.21 / 18.16 %;
 a test checks 10 % on small ones). The ``ROWS`` table runs the spec at the kernel's key block at head dim 64
 (256 keys; until session 40 at the spec's default, 128), and holds the residual-terms option that the kernel takes
-since session 39 (``residual_channels``, ``v_residual``).
+since session 39 (``residual_channels``, ``v_residual``). The third table (session 40, :func:`ratio_study`) grounds
+``formats.RESIDUAL_RATIO``: how strong K's outlier channels must be before the one-term kernel's error grows, in the
+statistic ``residual_ratio`` reads.
 """
 
 from __future__ import annotations
@@ -57,6 +59,37 @@ SPLIT_QK = [("QKᵀ in fp32", None), ("e4m3 (today's kernel)", 0),
             ("e4m3, 2 terms on all 64 channels", 64)]
 #: P·V numerics of the two-term study: (label, fp8 MMAs) — ``P·V`` / ``ph·vh + ph·vl`` / ``ph·vh + ph·vl + pl·vh``
 SPLIT_PV = [("P, V e4m3 (today)", 1), ("V in 2 terms", 2), ("P and V in 2 terms", 3)]
+
+
+#: the third table (session 40, ``residual_ratio``): K's 5 outlier channels scaled by each factor, the heads' ratio
+#: of largest to median smoothed channel amax (``formats.attention_residual_heads``' statistic) and the error of the
+#: one-term kernel and of the residual-terms form the kernel takes (16 K channels + V residual)
+RATIO_FACTORS = (1, 1.5, 2, 3, 4, 6, 10, 20)
+RATIO_TERMS = {"residual_channels": 16, "v_residual": True}
+
+
+def ratio_study(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: int = 256) -> list[dict]:
+    """For each of :data:`RATIO_FACTORS`: K's first 5 channels scaled by it; the heads' amax ratio (min and max over
+    the heads), the one-term and the :data:`RATIO_TERMS` relative L2 vs fp32, and which heads ``residual_ratio`` =
+    ``formats.RESIDUAL_RATIO`` picks."""
+    from sixbit import formats as spec
+
+    rows = []
+    for f in RATIO_FACTORS:
+        kf = k.float().clone()
+        kf[..., :5] *= f
+        kf = kf.bfloat16()
+        exact = torch.softmax(q.float() @ kf.float().transpose(-1, -2) / 8.0, -1) @ v.float()
+        amax = (kf.float() - kf.float().mean(2, keepdim=True)).abs().amax(2)
+        ratio = amax.amax(-1) / amax.median(-1).values
+        err = [float(spec.relative_error(spec.attention_fp8_reference(q, kf, v, block_n=block_n, **kw), exact))
+               for kw in ({}, RATIO_TERMS)]
+        picked = spec.attention_residual_heads(amax, spec.RESIDUAL_RATIO)
+        rows.append({"factor": f, "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()),
+                     "one_term": err[0], "terms": err[1], "picked_heads": int(picked.sum()),
+                     "heads": picked.numel()})
+        print(f"[attention_accuracy] ratio study ×{f}: {rows[-1]}", flush=True)
+    return rows
 
 
 def qk_work(n: int | None) -> float:
@@ -128,12 +161,16 @@ def accuracy(args) -> dict:
         for label, o in two_term_study(q, k, v, block_n=BLOCK_N).items():
             split.setdefault(label, {})[case] = float(spec.relative_error(o, exact))
             print(f"[attention_accuracy] {case:10s} {label:60s} {split[label][case]:.2%}", flush=True)
+        if case == "normal":  # the ratio study scales these inputs' K channels
+            ratios = ratio_study(q, k, v, block_n=BLOCK_N)
     env = environment("cpu", args.command)
     payload = {"benchmark": "attention_accuracy", "keys": args.keys, "heads": args.heads, "query_rows": args.rows,
                "head_dim": 64, "seed": args.seed, "block_n": BLOCK_N,
                "rows": [{"label": lab, **kw} for lab, kw in ROWS],
                "relative_l2": results, "two_term": {"block_n": BLOCK_N, "qk": SPLIT_QK, "pv": SPLIT_PV,
-                                                     "relative_l2": split}, "environment": env}
+                                                     "relative_l2": split},
+               "ratio_study": {"terms": RATIO_TERMS, "residual_ratio": spec.RESIDUAL_RATIO, "rows": ratios},
+               "environment": env}
     md = ["# 8-bit attention numerics: relative L2 vs fp32 (CPU, the spec)", "",
           f"{args.rows} random query rows × {args.keys} keys per head, {args.heads} heads, head dim 64, bf16 inputs "
           "N(0, 1); *K outliers*: 5 K channels ×20. The spec is what the kernel computes; `hi_channels` rows are an "
@@ -155,6 +192,14 @@ def accuracy(args) -> dict:
         work = "—" if n is None else f"×{qk_work(n):g}"
         md.append(f"| {qk_label} | {work} | " + " | ".join(f"{e['normal']:.2%} / {e['K outliers']:.2%}"
                                                           for e in cells) + " |")
+    md += ["", "## Which heads need the residual terms (session 40: `residual_ratio`, docs/ATTENTION.md \"Session 40\")",
+           "", "The normal inputs with K's first 5 channels ×f. *Ratio*: a head's largest smoothed-K channel amax over "
+           "its median one (`formats.attention_residual_heads`; min–max over the heads). The one-term kernel's error "
+           f"against the residual-terms form the kernel takes ({RATIO_TERMS['residual_channels']} K channels + V "
+           f"residual); *picked*: the heads `residual_ratio={spec.RESIDUAL_RATIO:g}` gives the terms.", "",
+           "| K channels ×f | ratio | rel. L2 one term | rel. L2 residual terms | picked |", "|---|---|---|---|---|"]
+    md += [f"| ×{r['factor']:g} | {r['ratio_min']:.2f}–{r['ratio_max']:.2f} | {r['one_term']:.2%} | {r['terms']:.2%} | "
+           f"{r['picked_heads']} / {r['heads']} |" for r in ratios]
     md += ["", env_md(env), ""]
     write_results(args.name, payload, "\n".join(md), Path(args.out))
     print("\n".join(md))

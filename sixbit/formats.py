@@ -558,9 +558,10 @@ def _check_hi_channels(hi_channels: int, D: int, rotate: bool, residual_channels
 
 #: ``residual_ratio``'s usual value (docs/ATTENTION.md "Session 40"): a head takes the residual terms where its
 #: smoothed K's largest channel amax is at least this many times the median channel's. On N(0, 1) inputs with 5 K
-#: channels scaled ×f (2 heads × 256 rows × 17,776 keys, 256-key blocks) the ratio is ≈ 1.1 f and the one-term error
-#: 5.4 / 5.9 / 7.3 / 9.7 / 17.3 % at f = 1 / 2 / 3 / 4 / 20 against the 16-channel + V form's 4.3 / 4.3 / 4.2 / 3.9 /
-#: 1.9 %: from a ratio of about 3 the one-term error grows fast
+#: channels scaled ×f (2 heads × 256 rows × 17,776 keys, 256-key blocks; benchmarks/results/attention_accuracy_cpu.md,
+#: third table) the ratio is ≈ 1.05 f and the one-term error 5.2 / 5.7 / 6.9 / 8.9 / 19.0 % at f = 1 / 2 / 3 / 4 / 20
+#: against the 16-channel + V form's 4.1 / 4.2 / 4.1 / 3.9 / 1.8 %: from a ratio of about 3 the one-term error grows
+#: fast
 RESIDUAL_RATIO = 3.0
 
 
@@ -630,7 +631,7 @@ def attention_quantize_kv(k: torch.Tensor, v: torch.Tensor, *, block_n: int = 12
     if hi_channels:
         gather = idx[:, :, None, :].expand(B, H, S, hi_channels)
         k_hi = kc.gather(-1, gather).to(torch.bfloat16).float()
-        hi = {"hi_idx": idx, "k_hi": torch.nn.functional.pad(k_hi, (0, 0, 0, pad))}
+        hi.update(hi_idx=idx, k_hi=torch.nn.functional.pad(k_hi, (0, 0, 0, pad)))
         kc = kc.scatter(-1, gather, 0.0)
     kc = torch.nn.functional.pad(kc, (0, 0, 0, pad)).view(B, H, -1, block_n, D)
     kinv, kscale = attention_scale(kc.abs().amax(dim=(-1, -2)), qk)

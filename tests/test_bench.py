@@ -174,6 +174,11 @@ def test_attention_accuracy_study_writes_every_row(out):
     assert split["K outliers"] < 0.5 * today["K outliers"]
     terms = err["e4m3 + residual terms on K's 16 largest channels + V residual"]  # the kernel's accuracy option
     assert terms["K outliers"] < 0.5 * today["K outliers"] and data["block_n"] == sk.attention_fp8.CONFIGS[64][1]
+    ratios = data["ratio_study"]["rows"]  # the outlier strength that residual_ratio picks heads by
+    assert [r["factor"] for r in ratios] == list(attention_accuracy.RATIO_FACTORS)
+    assert ratios[0]["picked_heads"] == 0 and ratios[-1]["picked_heads"] == ratios[-1]["heads"] == 1
+    assert ratios[-1]["ratio_min"] > 10 and ratios[-1]["one_term"] > 2 * ratios[-1]["terms"]
+    assert ratios[-1]["one_term"] > ratios[0]["one_term"] and "| ×20 | " in (out / "aa.md").read_text()
     both16 = err["all 64 channels in bf16, **P·V in bf16**"]  # the 16-bit products: below every 8-bit row
     assert all(both16[c] < e[c] for e in err.values() if e is not both16 for c in ("normal", "K outliers"))
     md = (out / "aa.md").read_text()

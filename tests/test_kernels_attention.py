@@ -534,6 +534,8 @@ def test_spec_residual_ratio_picks_the_heads_with_outlier_channels():
     assert torch.equal(picked[sel], every[sel]) and torch.equal(picked[~sel], one[~sel])
     assert torch.equal(spec.attention_fp8_reference(q, k, v, residual_ratio=0.0, **res), every)
     assert not spec.attention_quantize_kv(k, v, residual_ratio=100.0, **res)["res_heads"].any()
+    hv = spec.attention_quantize_kv(k, v, hi_channels=4, v_residual=True, residual_ratio=spec.RESIDUAL_RATIO)
+    assert torch.equal(hv["res_heads"], kv["res_heads"]) and "hi_idx" in hv  # V's term beside the bf16 channels
     # the rule: max ≥ ratio × the lower median; ratio 0 picks every head; a NaN amax none
     amax = torch.tensor([[1.0, 2.0, 3.0, 9.0], [1.0, 2.0, 3.0, 5.9], [1.0, float("nan"), 1.0, 9.0]])
     assert spec.attention_residual_heads(amax, 3.0).tolist() == [True, False, False]
