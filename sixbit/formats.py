@@ -574,7 +574,8 @@ def attention_residual_heads(k_amax: torch.Tensor, ratio: float) -> torch.Tensor
     """Which heads take the residual terms (``residual_ratio``): ``k_amax`` ``[..., D]`` is the smoothed K's channel
     amax per head (max |k − mean| over the tokens); a head's K has outlier channels where its largest channel amax
     is at least ``ratio`` × its median one (``torch.median``: the lower of the two middle values). Bool ``[...]``;
-    ``ratio`` 0 selects every head, a head with a non-finite amax none (its output is NaN either way)."""
+    ``ratio`` 0 selects every head, a head whose amax holds a NaN none (a non-finite K makes the smoothed K's amax
+    NaN; that head's output is NaN either way)."""
     _check_residual_ratio(ratio)
     if ratio == 0:
         return torch.ones(k_amax.shape[:-1], dtype=torch.bool, device=k_amax.device)
