@@ -13,7 +13,17 @@ import torch
 
 import sixbit_kernels as sk
 from benchmarks import __main__ as cli
-from benchmarks import attention_accuracy, common, memory, mode_flip, paired, quality, speed, weights
+from benchmarks import (
+    attention_accuracy,
+    attention_heads,
+    common,
+    memory,
+    mode_flip,
+    paired,
+    quality,
+    speed,
+    weights,
+)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +171,31 @@ def test_paired_separates_judged_flips_from_the_numerics(tmp_path):
         paired.load_runs([pa, pb])
     with pytest.raises(SystemExit, match="no row 'y'"):
         paired.main([str(pa), "--rows", "y"])
+
+
+def test_attention_heads_probe_reads_the_transformers_k(out):
+    """``benchmarks.attention_heads`` on the committed sixbit-mini (2 steps, 5 frames): one ratio per head for each
+    of the transformer's attention calls (the text encoder's are not counted), the picked share where the ratio is ≥
+    ``formats.RESIDUAL_RATIO``, the spec's per-head errors, the real SDPA restored after; ``head_ratios`` is the
+    spec's statistic."""
+    import torch.nn.functional as F
+
+    from sixbit import formats as spec
+
+    sdpa = F.scaled_dot_product_attention
+    attention_heads.main(["--prompts", "1", "--steps", "2", "--frames", "5", "--out", str(out), "--name", "ah"])
+    assert F.scaled_dot_product_attention is sdpa
+    data = json.loads((out / "ah.json").read_text())
+    assert len(data["steps"]) == 2 and len(data["blocks"]) == 12  # sixbit-mini's 12 blocks, one call each
+    assert 0 <= data["picked"] <= 1 and data["ratio_quantiles"]["p50"] >= 1
+    err = data["relative_l2_rms"]  # the spec's per-head errors: the terms help, counts add up
+    assert 0 < err["all"]["terms"] < err["all"]["one_term"] < 0.2
+    assert err["picked"]["count"] + err["not picked"]["count"] == err["all"]["count"] == 2 * 12 * 2 * 4
+    k = torch.randn(1, 2, 500, 64)
+    k[0, 1, :, 3] *= 20
+    amax = (k - k.mean(2, keepdim=True)).abs().amax(2)
+    assert torch.equal(attention_heads.head_ratios(k) >= 3, spec.attention_residual_heads(amax, 3.0))
+    assert attention_heads.head_ratios(k)[0, 1] > 10 > 2 > attention_heads.head_ratios(k)[0, 0]
 
 
 def test_attention_accuracy_study_writes_every_row(out):
